@@ -1,0 +1,136 @@
+# The data model of incr's engine: read this file first.
+#
+# A Runtime owns a trace: Inputs and Instances (one per cell and set of arguments), linked by
+# the dependencies each instance read on its last run (`deps`) and the reverse edges
+# (`dependents`). Time is counted twice: `clock` ticks on every change and every verification
+# (it decides staleness), `revision` is the public count of committed changes (one per `set`
+# outside a batch, one per batch).
+#
+# Invariants (checked by Runtime._check(); tests call it, production code never does):
+#   I1  an instance that is not dirty has no dirty dependency (dirtiness is pushed to every
+#       dependent, transitively, when an input changes);
+#   I2  an instance that is clean (not dirty, has a value) has, for every dep d,
+#       d.changed_at <= verified_at;
+#   I3  `dependents` is exactly the reverse of `deps`, as multisets;
+#   I4  timestamps order the trace: every dep d of n has d.ts < n.ts;
+#   I5  an observed instance that is dirty is in Runtime.dirty_observed;
+#   I6  outside a running computation no instance is RUNNING and the frame stack is empty.
+
+cdef enum NodeFlag:
+    F_DIRTY = 1        # a dependency may have changed since verified_at: verify before use
+    F_HAS_VALUE = 2    # `value` holds the result of a successful run
+    F_RUNNING = 4      # its function is on the call stack now
+    F_VERIFYING = 8    # on an explicit verification stack now
+    F_INPUT = 16       # an Input (always clean; changed_at moves on set)
+
+
+cdef class Node:
+    cdef public object value
+    cdef long long changed_at        # clock tick of the last change of `value`
+    cdef long long changed_rev       # public revision of that change
+    cdef long long ts                # trace timestamp (I4)
+    cdef int flags                   # NodeFlag bits
+    cdef list dependents             # Instances that read this node on their last run, or None
+    cdef long long read_stamp        # id of the last frame that recorded a read of this node
+    cdef Runtime rt
+
+
+cdef class Input(Node):
+    cdef readonly str name
+
+
+cdef class Instance(Node):
+    cdef readonly Cell cell
+    cdef readonly tuple args         # bound positional arguments, defaults applied
+    cdef list deps                   # nodes read on the last run, in read order
+    cdef long long verified_at       # clock tick at which it was last known up to date
+    cdef long long ran_rev           # public revision of its last run
+    cdef Node why                    # the dependency whose change caused the last run, or None
+    cdef list observed_by            # live Observers on it, or None
+    cdef int last_action             # A_* below: what happened at its last verification
+
+    cdef str label(self)
+
+
+cdef enum Action:
+    A_NONE = 0
+    A_COMPUTED = 1     # first run
+    A_RECOMPUTED = 2   # ran again, value changed
+    A_CUTOFF = 3       # ran again, value equal to the old one: dependents not disturbed
+    A_REUSED = 4       # verified without running
+    A_FAILED = 5       # last run raised
+
+
+cdef class Cell:
+    cdef dict __dict__               # functools-style attributes: __name__, __doc__, __wrapped__
+    cdef public str qualname_label   # the function's __qualname__, used in labels
+    cdef readonly object fn
+    cdef readonly str name           # module-qualified name, for labels and identity
+    cdef readonly object version
+    cdef readonly object cutoff
+    cdef int cutoff_kind             # C_* below
+    cdef tuple param_names
+    cdef object signature            # inspect.Signature, for binding keyword arguments
+    cdef int n_positional            # parameters that can be passed positionally, no *args
+    cdef bint simple                 # all parameters positional-or-keyword, no defaults, no */**
+    cdef Runtime cached_rt           # the runtime whose table was looked up last
+    cdef dict cached_table
+
+    cdef tuple bind(self, tuple args, dict kwargs)
+    cdef object invoke(self, tuple args)
+
+
+cdef enum CutoffKind:
+    C_EQUAL = 0
+    C_IDENTITY = 1
+    C_NEVER = 2
+    C_CALLABLE = 3
+
+
+cdef class Observer:
+    cdef readonly Runtime runtime
+    cdef Instance node
+    cdef list callbacks
+    cdef long long seen_at           # changed_at of the value last passed to the callbacks
+    cdef bint active
+
+
+cdef class Frame:
+    cdef Instance node
+    cdef list reads                  # nodes read so far by this run
+    cdef long long id
+
+
+cdef class Runtime:
+    cdef long long clock
+    cdef readonly long long revision
+    cdef long long ts_clock
+    cdef long long frame_ids
+    cdef dict inputs                 # name -> Input
+    cdef dict tables                 # Cell -> {argument key -> Instance}
+    cdef list frames                 # running computations, innermost last
+    cdef list dirty_observed         # observed instances made dirty since the last stabilize
+    cdef dict failed                 # Instance -> exception, for the current pass only
+    cdef int batch_depth
+    cdef bint batch_bumped
+    cdef bint stabilizing
+    cdef readonly bint closed
+    cdef list tokens                 # contextvar tokens of nested `with rt:`
+    cdef list report_log             # (label, action) appended during a stabilize, or None
+    cdef readonly object store_path
+    cdef readonly str hash
+    cdef readonly object max_workers
+    # counters for stats()
+    cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
+
+    cdef dict table_for(self, Cell cell)
+    cdef object demand(self, Instance n)
+    cdef object ensure(self, Instance n)
+    cdef bint run(self, Instance n) except -1
+    cdef bint run_in_stack(self, Instance m, bint bottom) except -1
+    cdef void rewire(self, Instance n, list old, list new)
+    cdef void raise_ts(self, Instance n)
+    cdef void record_read(self, Node n)
+    cdef void dirty_from(self, Node n)
+    cdef void set_input(self, Input i, object value) except *
+    cdef void check_usable(self) except *

@@ -1,0 +1,979 @@
+# cython: language_level=3
+"""The engine (internal): trace, revisions, change propagation. See _core.pxd for the data model.
+
+How a change flows:
+
+1. ``Input.set`` ticks the clock, bumps the revision (once per batch) and pushes dirtiness to
+   every transitive dependent that is not dirty yet (``dirty_from``). Cost: O(newly dirty).
+2. Demanding a dirty instance verifies it without recursion (``ensure``): an explicit stack walks
+   its recorded dependencies in read order, brings each dirty one up to date first, and re-runs
+   the instance as soon as one dependency is found changed (the rest are then re-read by the run
+   itself, so a branch the new run no longer takes is never touched: Salsa's order). An instance
+   whose dependencies are all unchanged is marked verified without running.
+3. A run records what it reads; a recomputed value equal to the old one (per the cell's cutoff)
+   keeps the old value and ``changed_at``, so nothing that read it runs (early cutoff).
+4. ``stabilize`` does step 2 for every dirty observed instance, in timestamp order, then calls
+   the observers' callbacks once everything is up to date (no callback sees a mix).
+"""
+
+import contextvars
+import inspect
+import time
+
+from incr.errors import CycleError, IncrError, ReentrancyError
+from incr.keys import normalize_args
+
+_active = contextvars.ContextVar("incr_runtime", default=None)
+_default_runtime = None
+
+
+def current():
+    """The active runtime: the innermost ``with rt:`` in this context, else the process-wide
+    in-memory runtime (created on first use)."""
+    global _default_runtime
+    rt = _active.get()
+    if rt is not None:
+        return rt
+    if _default_runtime is None:
+        _default_runtime = Runtime()
+    return _default_runtime
+
+
+class _CutoffPolicy:
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"incr.{self.name}"
+
+
+EQUAL = _CutoffPolicy("EQUAL")
+IDENTITY = _CutoffPolicy("IDENTITY")
+NEVER = _CutoffPolicy("NEVER")
+
+
+cdef inline bint _same_value(object old, object new):
+    # EQUAL cutoff: same type and ==; a comparison that raises or is ambiguous means "changed"
+    if old is new:
+        return True
+    if type(old) is not type(new):
+        return False
+    try:
+        return bool(old == new)
+    except Exception:
+        return False
+
+
+cdef inline bint _needs_work(Node n):
+    return (n.flags & (F_DIRTY | F_HAS_VALUE)) != F_HAS_VALUE
+
+
+cdef inline void _add_note(BaseException e, str note):
+    try:
+        e.add_note(note)
+    except AttributeError:  # Python < 3.11 has no notes
+        pass
+
+
+cdef class Node:
+    """A vertex of the trace (internal)."""
+
+    def __cinit__(self):
+        self.flags = 0
+        self.dependents = None
+
+
+cdef class Input(Node):
+    """A named input of a runtime. Create with ``rt.input(name, value)``."""
+
+    def __init__(self, Runtime rt, str name, object value):
+        self.rt = rt
+        self.name = name
+        self.value = value
+        self.flags = F_INPUT | F_HAS_VALUE
+        rt.ts_clock += 1
+        self.ts = rt.ts_clock
+        self.changed_at = rt.clock
+        self.changed_rev = rt.revision
+
+    @property
+    def _incr_input_name(self):
+        return self.name
+
+    def get(self):
+        """The current value. Inside a running cell, also records that the cell read it.
+
+        Runtime complexity: O(1).
+        """
+        cdef Runtime rt = self.rt
+        cdef Runtime cur
+        if rt.frames:
+            rt.record_read(self)
+        else:
+            cur = _active.get()
+            if cur is not None and cur is not rt and cur.frames:
+                raise IncrError(
+                    f"input {self.name!r} belongs to another runtime than the one running "
+                    f"{(<Frame>cur.frames[-1]).node.label()}; declare it on that runtime")
+        return self.value
+
+    def set(self, value):
+        """Give the input a new value; a value equal to the current one (same type, ==) changes
+        nothing. Outside a batch this commits one revision.
+
+        Runtime complexity: O(instances that become stale).
+
+        Raises ReentrancyError when called from inside a running cell or a stabilization.
+        """
+        self.rt.set_input(self, value)
+
+    @property
+    def changed_at_revision(self):
+        """The revision at which the value last changed."""
+        return self.changed_rev
+
+    def __repr__(self):
+        return f"Input({self.name!r})"
+
+
+cdef class Instance(Node):
+    """One cell with one set of arguments (internal)."""
+
+    def __init__(self, Cell cell, tuple args, Runtime rt):
+        self.cell = cell
+        self.args = args
+        self.rt = rt
+        self.deps = []
+        self.why = None
+        self.observed_by = None
+        self.last_action = A_NONE
+
+    cdef str label(self):
+        return self.cell.qualname_label + "(" + ", ".join([repr(a) for a in self.args]) + ")"
+
+    @property
+    def label_text(self):
+        return self.label()
+
+    def __repr__(self):
+        return f"<incr instance {self.label()}>"
+
+
+cdef class Cell:
+    """A memoized, dependency-tracking function. Create with ``@incr.cell``."""
+
+    def __init__(self, fn, *, version=None, cutoff=EQUAL):
+        if not callable(fn):
+            raise TypeError(f"incr.cell needs a function, got {fn!r}")
+        self.fn = fn
+        module = getattr(fn, "__module__", None) or "?"
+        qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+        self.name = f"{module}.{qual}"
+        self.qualname_label = qual
+        self.version = version
+        if cutoff is EQUAL:
+            self.cutoff_kind = C_EQUAL
+        elif cutoff is IDENTITY:
+            self.cutoff_kind = C_IDENTITY
+        elif cutoff is NEVER:
+            self.cutoff_kind = C_NEVER
+        elif callable(cutoff):
+            self.cutoff_kind = C_CALLABLE
+        else:
+            raise TypeError(
+                f"incr.cell {qual}: cutoff must be incr.EQUAL, incr.IDENTITY, incr.NEVER or a "
+                f"callable(old, new) -> bool, got {cutoff!r}")
+        self.cutoff = cutoff
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        self.signature = sig
+        names = []
+        simple = True
+        npos = 0
+        if sig is not None:
+            for p in sig.parameters.values():
+                names.append(p.name)
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                    npos += 1
+                    if p.default is not p.empty:
+                        simple = False
+                else:
+                    simple = False
+        self.param_names = tuple(names)
+        self.n_positional = npos
+        self.simple = simple and sig is not None
+        self.cached_rt = None
+        self.cached_table = None
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(self, attr, getattr(fn, attr))
+            except AttributeError:
+                pass
+        self.__wrapped__ = fn
+
+    cdef tuple bind(self, tuple args, dict kwargs):
+        if self.signature is None:
+            if kwargs:
+                raise TypeError(f"{self.qualname_label}: cannot take keyword arguments")
+            return args
+        try:
+            ba = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.qualname_label}(): {e}") from None
+        ba.apply_defaults()
+        return tuple(ba.arguments.values())
+
+    cdef object invoke(self, tuple args):
+        if self.signature is None or self.n_positional == len(self.param_names):
+            return self.fn(*args)
+        ba = inspect.BoundArguments(self.signature, dict(zip(self.param_names, args)))
+        return self.fn(*ba.args, **ba.kwargs)
+
+    def __call__(self, *args, **kwargs):
+        cdef Runtime rt = <Runtime>_active.get()
+        cdef dict table
+        cdef tuple bound
+        cdef object key
+        cdef Instance n
+        if rt is None:
+            rt = <Runtime>current()
+        if rt is self.cached_rt:
+            table = self.cached_table
+        else:
+            table = rt.table_for(self)
+            self.cached_rt = rt
+            self.cached_table = table
+        if not kwargs and self.simple and len(args) == self.n_positional:
+            bound = args
+        else:
+            bound = self.bind(args, kwargs)
+        key = _fast_key(bound)
+        if key is None:
+            key = normalize_args(self.qualname_label, self.param_names, bound)
+        n = table.get(key)
+        if n is None:
+            rt.check_usable()
+            n = Instance(self, bound, rt)
+            table[key] = n
+        return rt.demand(n)
+
+    def __repr__(self):
+        return f"<incr.cell {self.name}>"
+
+
+cdef object _fast_key(tuple args):
+    # str, int and None stand for themselves in keys (bool and float are tagged by keys.py)
+    cdef object a
+    cdef type t
+    for a in args:
+        t = type(a)
+        if t is not str and t is not int and a is not None:
+            return None
+    return args
+
+
+cdef class Frame:
+    """A running computation (internal)."""
+
+    def __init__(self, Instance node, long long fid):
+        self.node = node
+        self.reads = []
+        self.id = fid
+
+
+class Stabilization:
+    """What one ``rt.stabilize()`` did."""
+
+    __slots__ = ("recomputed", "cutoff", "reused", "seconds", "revision")
+
+    def __init__(self, recomputed, cutoff, reused, seconds, revision):
+        self.recomputed = recomputed
+        self.cutoff = cutoff
+        self.reused = reused
+        self.seconds = seconds
+        self.revision = revision
+
+    def __repr__(self):
+        return (f"Stabilization(revision={self.revision}, recomputed={self.recomputed!r}, "
+                f"cutoff={self.cutoff!r}, reused={self.reused}, seconds={self.seconds:.6f})")
+
+
+cdef class Observer:
+    """Keeps one instance up to date across ``rt.stabilize()`` calls. Create with
+    ``rt.observe(cell, *args)``."""
+
+    def __init__(self, Runtime rt, Instance node):
+        self.runtime = rt
+        self.node = node
+        self.callbacks = []
+        self.active = True
+        self.seen_at = -1
+
+    @property
+    def value(self):
+        """The instance's current value (computed on demand if stale).
+
+        Raises IncrError if the observer was stopped.
+        """
+        if not self.active:
+            raise IncrError(f"observer of {self.node.label()} was stopped")
+        return self.runtime._demand_top(self.node)
+
+    @property
+    def label(self):
+        return self.node.label()
+
+    def on_change(self, callback):
+        """Call ``callback(value)`` after each stabilization that changed the value.
+
+        Returns ``callback``, so this works as a decorator.
+        """
+        if not callable(callback):
+            raise TypeError(f"on_change needs a callable, got {callback!r}")
+        self.callbacks.append(callback)
+        return callback
+
+    def stop(self):
+        """Stop observing; the instance is no longer refreshed by ``stabilize``. Idempotent."""
+        if not self.active:
+            return
+        self.active = False
+        obs = self.node.observed_by
+        obs.remove(self)
+        if not obs:
+            self.node.observed_by = None
+
+    def __repr__(self):
+        state = "active" if self.active else "stopped"
+        return f"<incr.Observer {self.node.label()} {state}>"
+
+
+class _Batch:
+    __slots__ = ("rt",)
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def __enter__(self):
+        self.rt._batch_enter()
+        return self.rt
+
+    def __exit__(self, *exc):
+        self.rt._batch_exit()
+        return False
+
+
+_ACTIONS = {
+    A_NONE: "none", A_COMPUTED: "computed", A_RECOMPUTED: "recomputed",
+    A_CUTOFF: "cutoff", A_REUSED: "reused", A_FAILED: "failed",
+}
+
+
+cdef class Runtime:
+    """An incremental runtime: its inputs, the trace of its instances and their memo.
+
+    >>> import incr
+    >>> rt = incr.Runtime()
+    >>> x = rt.input("x", 2)
+    >>> @incr.cell
+    ... def square():
+    ...     return x.get() ** 2
+    >>> with rt:
+    ...     square()
+    4
+    """
+
+    def __init__(self, store=None, *, hash="xxh3_128", max_workers=None):
+        if hash not in ("xxh3_128", "blake2b"):
+            raise ValueError(f"Runtime: hash must be 'xxh3_128' or 'blake2b', got {hash!r}")
+        if store is not None:
+            raise IncrError(
+                f"Runtime(store={store!r}): the persistent store is not available in this "
+                f"version of incr; use Runtime() for an in-memory runtime")
+        if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
+            raise ValueError(f"Runtime: max_workers must be a positive int or None, got {max_workers!r}")
+        self.store_path = store
+        self.hash = hash
+        self.max_workers = max_workers
+        self.clock = 0
+        self.revision = 0
+        self.ts_clock = 0
+        self.frame_ids = 0
+        self.inputs = {}
+        self.tables = {}
+        self.frames = []
+        self.dirty_observed = []
+        self.failed = {}
+        self.tokens = []
+        self.report_log = None
+        self.batch_depth = 0
+        self.batch_bumped = False
+        self.stabilizing = False
+        self.closed = False
+
+    # -- the public surface ---------------------------------------------------------------
+
+    def __enter__(self):
+        self.check_usable()
+        self.tokens.append(_active.set(self))
+        return self
+
+    def __exit__(self, *exc):
+        _active.reset(self.tokens.pop())
+        return False
+
+    def input(self, str name, value=None):
+        """Declare the input ``name`` with its first value. Names are unique within a runtime.
+
+        Raises ValueError if ``name`` was declared before, TypeError if it is not a str.
+        """
+        self.check_usable()
+        if name in self.inputs:
+            raise ValueError(f"input {name!r} is already declared on this runtime")
+        if not name:
+            raise ValueError("an input needs a non-empty name")
+        i = Input(self, name, value)
+        self.inputs[name] = i
+        return i
+
+    def batch(self):
+        """A context manager: every ``set`` inside it forms one revision.
+
+        A batch is not a transaction: if its body raises, the sets made before the exception
+        stay (as one revision).
+        """
+        self.check_usable()
+        return _Batch(self)
+
+    def _batch_enter(self):
+        if self.frames:
+            raise ReentrancyError(self._reentrancy("start a batch"))
+        self.batch_depth += 1
+
+    def _batch_exit(self):
+        self.batch_depth -= 1
+        if self.batch_depth == 0:
+            self.batch_bumped = False
+
+    def observe(self, cell, *args, **kwargs):
+        """Observe one instance: ``stabilize()`` keeps it up to date and calls its callbacks.
+
+        Computes the instance now if it was never computed.
+        """
+        self.check_usable()
+        if self.frames or self.stabilizing:
+            raise ReentrancyError(self._reentrancy("observe an instance"))
+        cdef Instance n = self._instance(cell, args, kwargs)
+        self._demand_top(n)
+        o = Observer(self, n)
+        o.seen_at = n.changed_at
+        if n.observed_by is None:
+            n.observed_by = []
+        n.observed_by.append(o)
+        return o
+
+    def stabilize(self):
+        """Bring every observed instance up to date in one pass, then call the callbacks of
+        those whose value changed.
+
+        Each stale instance runs at most once, dependencies before dependents, so none sees a
+        mix of old and new values. Runtime complexity: O(instances made stale since the last
+        stabilization).
+
+        Raises the first exception an observed instance raised (after the others were brought
+        up to date and the callbacks of those that succeeded were called).
+        """
+        self.check_usable()
+        if self.frames or self.stabilizing:
+            raise ReentrancyError(self._reentrancy("stabilize"))
+        cdef list todo = []
+        cdef Instance n
+        cdef Observer o
+        t0 = time.perf_counter()
+        seen = set()
+        for n in self.dirty_observed:
+            if n.observed_by is not None and id(n) not in seen:
+                seen.add(id(n))
+                todo.append(n)
+        self.dirty_observed = []
+        todo.sort(key=_ts_key)
+        errors = []
+        log = []
+        reused0 = self.n_reused
+        token = _active.set(self)
+        self.stabilizing = True
+        self.report_log = log
+        self.failed.clear()
+        try:
+            for n in todo:
+                if _needs_work(n):
+                    try:
+                        self.ensure(n)
+                    except Exception as e:
+                        errors.append((n, e))
+        finally:
+            self.stabilizing = False
+            self.report_log = None
+            _active.reset(token)
+        # callbacks run once everything is up to date, outside the trace
+        for n in todo:
+            if n.observed_by is None or not (n.flags & F_HAS_VALUE):
+                continue
+            for o in list(n.observed_by):
+                if o.seen_at != n.changed_at:
+                    o.seen_at = n.changed_at
+                    for cb in list(o.callbacks):
+                        cb(n.value)
+        report = Stabilization(
+            [lab for lab, act in log],
+            [lab for lab, act in log if act == A_CUTOFF],
+            self.n_reused - reused0,
+            time.perf_counter() - t0,
+            self.revision,
+        )
+        if errors:
+            n, e = errors[0]
+            _add_note(e, f"incr: raised while stabilizing the observed instance {n.label()}")
+            for n2, e2 in errors[1:]:
+                _add_note(e, f"incr: {n2.label()} also raised {type(e2).__name__}: {e2}")
+            raise e
+        return report
+
+    def explain(self, cell, *args, **kwargs):
+        """Say why the instance's current value was computed, reused or cut off: which
+        dependency changed, at which revision. Does not compute anything."""
+        self.check_usable()
+        cdef Instance n = self._instance(cell, args, kwargs, create=False)
+        if n is None:
+            return f"{_label_of(cell, args, kwargs)} has never been computed on this runtime"
+        return _explain(self, n)
+
+    def stats(self):
+        """Cumulative counters since the runtime was created."""
+        return {
+            "revision": self.revision,
+            "inputs": len(self.inputs),
+            "instances": sum(len(t) for t in self.tables.values()),
+            "computed": self.n_computed,
+            "recomputed": self.n_recomputed,
+            "reused": self.n_reused,
+            "cutoff": self.n_cutoff,
+            "failed": self.n_failed,
+            "store_hits": 0,
+            "store_misses": 0,
+            "generations": 0,
+            "validations": 0,
+        }
+
+    def close(self):
+        """Close the runtime. Using it afterwards raises IncrError. Idempotent."""
+        self.closed = True
+
+    def __repr__(self):
+        return (f"<incr.Runtime revision={self.revision} inputs={len(self.inputs)} "
+                f"instances={sum(len(t) for t in self.tables.values())}>")
+
+    # -- helpers for the Python layer -----------------------------------------------------
+
+    def _demand_top(self, Instance n):
+        """Demand ``n`` from outside any cell, with this runtime active."""
+        self.check_usable()
+        if _active.get() is self:
+            return self.demand(n)
+        token = _active.set(self)
+        try:
+            return self.demand(n)
+        finally:
+            _active.reset(token)
+
+    def _instance(self, cell, tuple args, dict kwargs, bint create=True):
+        if not isinstance(cell, Cell):
+            raise TypeError(f"expected an incr cell, got {cell!r}")
+        cdef Cell c = <Cell>cell
+        cdef dict table = self.table_for(c)
+        cdef tuple bound = args if (not kwargs and c.simple and len(args) == c.n_positional) \
+            else c.bind(args, kwargs)
+        key = _fast_key(bound)
+        if key is None:
+            key = normalize_args(c.qualname_label, c.param_names, bound)
+        n = table.get(key)
+        if n is None and create:
+            n = Instance(c, bound, self)
+            table[key] = n
+        return n
+
+    def _instances(self):
+        """Every instance of the trace (for tests and tools)."""
+        out = []
+        for t in self.tables.values():
+            out.extend(t.values())
+        return out
+
+    def _check(self):
+        """Verify the trace's invariants (I1–I6 in _core.pxd). For tests: O(trace)."""
+        cdef Instance n
+        cdef Node d
+        from collections import Counter
+        problems = []
+        if self.frames:
+            problems.append("I6: frames left on the stack")
+        dependents_of = {}
+        all_nodes = list(self.inputs.values()) + self._instances()
+        dirty_obs = {id(x) for x in self.dirty_observed}
+        for node in all_nodes:
+            if isinstance(node, Instance):
+                n = node
+                lab = n.label()
+                if n.flags & (F_RUNNING | F_VERIFYING):
+                    problems.append(f"I6: {lab} is marked running or verifying")
+                for d in n.deps:
+                    dependents_of.setdefault(id(d), Counter())[id(n)] += 1
+                    if not (n.flags & F_DIRTY) and (d.flags & F_DIRTY):
+                        problems.append(f"I1: {lab} is not dirty but its dependency "
+                                        f"{_node_label(d)} is")
+                    if not _needs_work(n) and d.changed_at > n.verified_at:
+                        problems.append(f"I2: {lab} is clean but {_node_label(d)} changed at "
+                                        f"{d.changed_at} after its verification {n.verified_at}")
+                    if d.ts >= n.ts:
+                        problems.append(f"I4: {lab} (ts {n.ts}) reads {_node_label(d)} "
+                                        f"(ts {d.ts})")
+                if n.observed_by is not None and (n.flags & F_DIRTY) and id(n) not in dirty_obs:
+                    problems.append(f"I5: observed {lab} is dirty but not queued")
+                if (n.flags & F_HAS_VALUE) == 0 and n.value is not None:
+                    problems.append(f"{lab} keeps a value from a failed run")
+        for node in all_nodes:
+            got = Counter(id(x) for x in ((<Node>node).dependents or ()))
+            want = dependents_of.get(id(node), Counter())
+            if got != want:
+                problems.append(f"I3: dependents of {_node_label(node)} do not mirror deps")
+        if problems:
+            raise AssertionError("trace invariants broken:\n  " + "\n  ".join(problems))
+        return True
+
+    def _reentrancy(self, what):
+        if self.frames:
+            return (f"cannot {what} from inside the running cell "
+                    f"{(<Frame>self.frames[-1]).node.label()}; changes happen between "
+                    f"computations, not during them")
+        return f"cannot {what} while the runtime is stabilizing"
+
+    # -- the engine -------------------------------------------------------------------------
+
+    cdef void check_usable(self) except *:
+        if self.closed:
+            raise IncrError("this incr.Runtime is closed; create a new one")
+
+    cdef dict table_for(self, Cell cell):
+        cdef dict t = self.tables.get(cell)
+        if t is None:
+            t = {}
+            self.tables[cell] = t
+        return t
+
+    cdef void record_read(self, Node n):
+        cdef Frame f = <Frame>self.frames[len(self.frames) - 1]
+        if n.read_stamp != f.id:
+            n.read_stamp = f.id
+            f.reads.append(n)
+
+    cdef object demand(self, Instance n):
+        cdef Py_ssize_t i
+        if self.frames:
+            self.record_read(n)
+        elif not self.stabilizing:
+            if self.closed:
+                self.check_usable()
+            self.failed.clear()  # a new top-level pass: failed instances run again
+        if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
+            return n.value
+        if n.flags & (F_RUNNING | F_VERIFYING):
+            labels = [(<Frame>f).node.label() for f in self.frames]
+            start = 0
+            for i in range(len(self.frames)):
+                if (<Frame>self.frames[i]).node is n:
+                    start = i
+                    break
+            raise CycleError(labels[start:] + [n.label()] if n.flags & F_RUNNING
+                             else [n.label()] + labels[start:] + [n.label()])
+        if not (n.flags & F_HAS_VALUE) and n in self.failed:
+            raise self.failed[n]
+        return self.ensure(n)
+
+    cdef object ensure(self, Instance n):
+        # Bring n up to date. Recorded dependencies are walked with an explicit stack, so the
+        # depth of the graph never becomes depth of the C or Python stack.
+        cdef list stack = [n]
+        cdef list idx = [0]
+        cdef Instance m
+        cdef Node d
+        cdef list deps
+        cdef Py_ssize_t i, nd
+        cdef bint pushed, must_run
+        n.flags |= F_VERIFYING
+        try:
+            while stack:
+                m = <Instance>stack[len(stack) - 1]
+                if not _needs_work(m):
+                    pass
+                elif not (m.flags & F_HAS_VALUE):
+                    if not self.run_in_stack(m, len(stack) == 1):
+                        pass
+                else:
+                    i = <Py_ssize_t>idx[len(idx) - 1]
+                    deps = m.deps
+                    nd = len(deps)
+                    pushed = False
+                    must_run = False
+                    while i < nd:
+                        d = <Node>deps[i]
+                        if not (d.flags & F_HAS_VALUE):
+                            must_run = True  # it failed last time: re-reading it decides
+                            m.why = d
+                            break
+                        if d.flags & F_DIRTY:
+                            if d.flags & (F_VERIFYING | F_RUNNING):
+                                raise CycleError([m.label(), _node_label(d), m.label()])
+                            idx[len(idx) - 1] = i
+                            d.flags |= F_VERIFYING
+                            stack.append(d)
+                            idx.append(0)
+                            pushed = True
+                            break
+                        if d.changed_at > m.verified_at:
+                            must_run = True
+                            m.why = d
+                            break
+                        i += 1
+                    if pushed:
+                        continue
+                    if must_run:
+                        self.run_in_stack(m, len(stack) == 1)
+                    else:
+                        m.flags &= ~F_DIRTY
+                        m.verified_at = self.clock
+                        m.last_action = A_REUSED
+                        self.n_reused += 1
+                m.flags &= ~F_VERIFYING
+                stack.pop()
+                idx.pop()
+        except BaseException:
+            for m in stack:
+                m.flags &= ~F_VERIFYING
+            raise
+        return n.value
+
+    cdef bint run_in_stack(self, Instance m, bint bottom) except -1:
+        # Run m from a verification stack. A failure of an instance that is not the one
+        # demanded is kept for this pass (self.failed): its dependent then re-runs and meets
+        # the same exception where it reads it, exactly as a from-scratch run would.
+        if bottom:
+            self.run(m)
+            return True
+        try:
+            self.run(m)
+        except Exception:
+            return False
+        return True
+
+    cdef bint run(self, Instance n) except -1:
+        cdef Frame f
+        cdef bint had = (n.flags & F_HAS_VALUE) != 0
+        cdef object value
+        cdef bint same
+        self.frame_ids += 1
+        f = Frame(n, self.frame_ids)
+        self.frames.append(f)
+        n.flags |= F_RUNNING
+        try:
+            value = n.cell.invoke(n.args)
+        except BaseException as e:
+            self.frames.pop()
+            n.flags &= ~(F_RUNNING | F_HAS_VALUE | F_DIRTY)
+            self.rewire(n, n.deps, f.reads)
+            n.value = None
+            n.changed_at = self.clock
+            n.changed_rev = self.revision
+            n.verified_at = self.clock
+            n.ran_rev = self.revision
+            n.last_action = A_FAILED
+            self.n_failed += 1
+            self.failed[n] = e
+            if n.observed_by is not None:
+                self.dirty_observed.append(n)
+            self.raise_ts(n)
+            if not getattr(e, "_incr_noted", False):
+                chain = " <- ".join([(<Frame>x).node.label() for x in reversed(self.frames)])
+                _add_note(e, f"incr: raised in cell {n.label()}"
+                             + (f", called from {chain}" if chain else ""))
+                try:
+                    e._incr_noted = True
+                except Exception:
+                    pass
+            if self.report_log is not None:
+                self.report_log.append((n.label(), A_FAILED))
+            raise
+        self.frames.pop()
+        n.flags &= ~F_RUNNING
+        self.rewire(n, n.deps, f.reads)
+        same = False
+        if had:
+            if n.cell.cutoff_kind == C_EQUAL:
+                same = _same_value(n.value, value)
+            elif n.cell.cutoff_kind == C_IDENTITY:
+                same = n.value is value
+            elif n.cell.cutoff_kind == C_CALLABLE:
+                same = bool(n.cell.cutoff(n.value, value))
+        if same:
+            n.last_action = A_CUTOFF
+            self.n_cutoff += 1
+            self.n_recomputed += 1
+        else:
+            n.value = value
+            n.changed_at = self.clock
+            n.changed_rev = self.revision
+            if had:
+                n.last_action = A_RECOMPUTED
+                self.n_recomputed += 1
+            else:
+                n.last_action = A_COMPUTED
+                n.why = None
+                self.n_computed += 1
+        n.verified_at = self.clock
+        n.ran_rev = self.revision
+        n.flags = (n.flags | F_HAS_VALUE) & ~F_DIRTY
+        self.raise_ts(n)
+        if self.report_log is not None:
+            self.report_log.append((n.label(), n.last_action))
+        return True
+
+    cdef void rewire(self, Instance n, list old, list new):
+        cdef Py_ssize_t i, k = len(old)
+        cdef Node d
+        if k == len(new):
+            for i in range(k):
+                if old[i] is not new[i]:
+                    break
+            else:
+                return
+        for d in old:
+            d.dependents.remove(n)
+        for d in new:
+            if d.dependents is None:
+                d.dependents = [n]
+            else:
+                d.dependents.append(n)
+        n.deps = new
+
+    cdef void raise_ts(self, Instance n):
+        # keep I4: n after all its deps; then every dependent after n, transitively
+        cdef Node d
+        cdef Instance m
+        cdef long long top = 0
+        for d in n.deps:
+            if d.ts > top:
+                top = d.ts
+        if n.ts > top:
+            return
+        self.ts_clock += 1
+        n.ts = self.ts_clock
+        if n.dependents is None:
+            return
+        cdef list stack = [n]
+        while stack:
+            d = <Node>stack.pop()
+            if d.dependents is None:
+                continue
+            for m in d.dependents:
+                if m.ts <= d.ts:
+                    self.ts_clock += 1
+                    m.ts = self.ts_clock
+                    stack.append(m)
+
+    cdef void dirty_from(self, Node n):
+        cdef Instance m
+        if n.dependents is None:
+            return
+        cdef list stack = list(n.dependents)
+        while stack:
+            m = <Instance>stack.pop()
+            if m.flags & F_DIRTY:
+                continue
+            m.flags |= F_DIRTY
+            if m.observed_by is not None:
+                self.dirty_observed.append(m)
+            if m.dependents is not None:
+                stack.extend(m.dependents)
+
+    cdef void set_input(self, Input inp, object value) except *:
+        self.check_usable()
+        if self.frames:
+            raise ReentrancyError(self._reentrancy(f"set input {inp.name!r}"))
+        if self.stabilizing:
+            raise ReentrancyError(self._reentrancy(f"set input {inp.name!r}"))
+        if _same_value(inp.value, value):
+            return
+        inp.value = value
+        self.clock += 1
+        if self.batch_depth == 0:
+            self.revision += 1
+        elif not self.batch_bumped:
+            self.revision += 1
+            self.batch_bumped = True
+        inp.changed_at = self.clock
+        inp.changed_rev = self.revision
+        self.dirty_from(inp)
+
+
+def _ts_key(Instance n):
+    return n.ts
+
+
+cdef str _node_label(Node d):
+    if isinstance(d, Instance):
+        return (<Instance>d).label()
+    return f"input {(<Input>d).name!r}"
+
+
+def _label_of(cell, args, kwargs):
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{getattr(cell, '__qualname__', cell)}({', '.join(parts)})"
+
+
+def _explain(Runtime rt, Instance n):
+    cdef Node w
+    lab = n.label()
+    if n.flags & F_DIRTY:
+        tail = (f"; it is stale now (a dependency changed after revision {n.ran_rev}) and "
+                f"will be checked at its next demand")
+    else:
+        tail = ""
+    act = n.last_action
+    if act == A_NONE:
+        return f"{lab} has never been computed on this runtime"
+    if act == A_FAILED:
+        return f"{lab} raised on its last run, at revision {n.ran_rev}; it runs again at its next demand"
+    if act == A_COMPUTED:
+        text = f"{lab} was computed for the first time at revision {n.ran_rev}"
+    elif act in (A_RECOMPUTED, A_CUTOFF):
+        w = n.why
+        if w is None:
+            cause = "its previous run had failed"
+        elif not (w.flags & F_HAS_VALUE):
+            cause = f"{_node_label(w)} had failed"
+        else:
+            cause = f"{_node_label(w)} changed at revision {w.changed_rev}"
+        text = f"{lab} was recomputed at revision {n.ran_rev} because {cause}"
+        if act == A_CUTOFF:
+            text += (f"; the new value equals the old one (cutoff), so its dependents were not "
+                     f"disturbed and it counts as unchanged since revision {n.changed_rev}")
+    else:
+        text = (f"{lab} was reused: verified at revision {rt.revision} with no dependency "
+                f"changed since its last run at revision {n.ran_rev}")
+    deps = ", ".join(_node_label(d) for d in n.deps)
+    if deps:
+        text += f". It read: {deps}"
+    return text + tail

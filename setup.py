@@ -1,0 +1,9 @@
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=cythonize(
+        [Extension("incr._core", ["incr/_core.pyx"])],
+        compiler_directives={"language_level": "3"},
+    )
+)
