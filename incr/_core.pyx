@@ -510,7 +510,9 @@ cdef class Runtime:
         self.failed.clear()
         try:
             for n in todo:
-                if _needs_work(n):
+                if not (n.flags & F_HAS_VALUE) and n in self.failed:
+                    errors.append((n, self.failed[n]))  # failed earlier in this pass
+                elif _needs_work(n):
                     try:
                         self.ensure(n)
                     except Exception as e:
@@ -539,7 +541,9 @@ cdef class Runtime:
             n, e = errors[0]
             _add_note(e, f"incr: raised while stabilizing the observed instance {n.label()}")
             for n2, e2 in errors[1:]:
-                _add_note(e, f"incr: {n2.label()} also raised {type(e2).__name__}: {e2}")
+                if e2 is not e:
+                    _add_note(e, f"incr: {(<Instance>n2).label()} also raised "
+                                 f"{type(e2).__name__}: {e2}")
             raise e
         return report
 
@@ -795,8 +799,9 @@ cdef class Runtime:
             n.flags &= ~(F_RUNNING | F_HAS_VALUE | F_DIRTY)
             self.rewire(n, n.deps, f.reads)
             n.value = None
-            n.changed_at = self.clock
-            n.changed_rev = self.revision
+            if had:  # losing a value is a change; failing again is not
+                n.changed_at = self.clock
+                n.changed_rev = self.revision
             n.verified_at = self.clock
             n.ran_rev = self.revision
             n.last_action = A_FAILED
