@@ -22,6 +22,7 @@ cdef enum NodeFlag:
     F_RUNNING = 4      # its function is on the call stack now
     F_VERIFYING = 8    # on an explicit verification stack now
     F_INPUT = 16       # an Input (always clean; changed_at moves on set)
+    F_MUST_RUN = 32    # found stale during a deep verification; runs once its deps are ready
 
 
 cdef class Node:

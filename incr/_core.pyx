@@ -24,6 +24,10 @@ from incr.errors import CycleError, IncrError, ReentrancyError
 from incr.keys import normalize_args
 
 _active = contextvars.ContextVar("incr_runtime", default=None)
+
+# Nested runs deeper than this verify the remaining dependencies of an instance before running
+# it (see ensure); shallower ones follow Salsa's order exactly.
+cdef Py_ssize_t DEEP = 48
 _default_runtime = None
 
 
@@ -157,6 +161,11 @@ cdef class Instance(Node):
     def label_text(self):
         return self.label()
 
+    @property
+    def timestamp(self):
+        """Position in the trace: every dependency has a smaller timestamp (I4)."""
+        return self.ts
+
     def __repr__(self):
         return f"<incr instance {self.label()}>"
 
@@ -171,7 +180,7 @@ cdef class Cell:
         module = getattr(fn, "__module__", None) or "?"
         qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
         self.name = f"{module}.{qual}"
-        self.qualname_label = qual
+        self.qualname_label = qual.rsplit("<locals>.", 1)[-1]  # labels are for people
         self.version = version
         if cutoff is EQUAL:
             self.cutoff_kind = C_EQUAL
@@ -731,14 +740,10 @@ cdef class Runtime:
                     deps = m.deps
                     nd = len(deps)
                     pushed = False
-                    must_run = False
+                    must_run = (m.flags & F_MUST_RUN) != 0
                     while i < nd:
                         d = <Node>deps[i]
-                        if not (d.flags & F_HAS_VALUE):
-                            must_run = True  # it failed last time: re-reading it decides
-                            m.why = d
-                            break
-                        if d.flags & F_DIRTY:
+                        if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
                             if d.flags & (F_VERIFYING | F_RUNNING):
                                 raise CycleError([m.label(), _node_label(d), m.label()])
                             idx[len(idx) - 1] = i
@@ -747,14 +752,24 @@ cdef class Runtime:
                             idx.append(0)
                             pushed = True
                             break
-                        if d.changed_at > m.verified_at:
+                        if not must_run and (not (d.flags & F_HAS_VALUE)
+                                             or d.changed_at > m.verified_at):
+                            # d failed last time, or changed: m must run
                             must_run = True
                             m.why = d
-                            break
+                            if len(self.frames) < DEEP:
+                                break
+                            # Deep inside nested runs: bring m's other dirty dependencies up
+                            # to date here, on this explicit stack, before m runs and reads
+                            # them, so that depth of the graph never becomes depth of the
+                            # Python stack. (Shallow runs keep Salsa's order: a branch the new
+                            # run no longer takes is never touched.)
+                            m.flags |= F_MUST_RUN
                         i += 1
                     if pushed:
                         continue
                     if must_run:
+                        m.flags &= ~F_MUST_RUN
                         self.run_in_stack(m, len(stack) == 1)
                     else:
                         m.flags &= ~F_DIRTY
@@ -766,7 +781,7 @@ cdef class Runtime:
                 idx.pop()
         except BaseException:
             for m in stack:
-                m.flags &= ~F_VERIFYING
+                m.flags &= ~(F_VERIFYING | F_MUST_RUN)
             raise
         return n.value
 
