@@ -43,7 +43,7 @@ cdef class Input(Node):
 cdef class Instance(Node):
     cdef readonly Cell cell
     cdef readonly tuple args         # bound positional arguments, defaults applied
-    cdef list deps                   # nodes read on the last run, in read order
+    cdef tuple deps                  # nodes read on the last run, in read order
     cdef long long verified_at       # clock tick at which it was last known up to date
     cdef long long ran_rev           # public revision of its last run
     cdef Node why                    # the dependency whose change caused the last run, or None
@@ -129,7 +129,7 @@ cdef class Runtime:
     cdef object ensure(self, Instance n)
     cdef bint run(self, Instance n) except -1
     cdef bint run_in_stack(self, Instance m, bint bottom) except -1
-    cdef void rewire(self, Instance n, list old, list new)
+    cdef void rewire(self, Instance n, tuple old, list new)
     cdef void raise_ts(self, Instance n)
     cdef void record_read(self, Node n)
     cdef void dirty_from(self, Node n)

@@ -20,10 +20,12 @@ import contextvars
 import inspect
 import time
 
+from cpython.contextvars cimport get_value
+
 from incr.errors import CycleError, IncrError, ReentrancyError
 from incr.keys import normalize_args
 
-_active = contextvars.ContextVar("incr_runtime", default=None)
+cdef object _active = contextvars.ContextVar("incr_runtime", default=None)
 
 # Nested runs deeper than this verify the remaining dependencies of an instance before running
 # it (see ensure); shallower ones follow Salsa's order exactly.
@@ -149,7 +151,7 @@ cdef class Instance(Node):
         self.cell = cell
         self.args = args
         self.rt = rt
-        self.deps = []
+        self.deps = ()
         self.why = None
         self.observed_by = None
         self.last_action = A_NONE
@@ -243,7 +245,7 @@ cdef class Cell:
         return self.fn(*ba.args, **ba.kwargs)
 
     def __call__(self, *args, **kwargs):
-        cdef Runtime rt = <Runtime>_active.get()
+        cdef Runtime rt = <Runtime>get_value(_active)
         cdef dict table
         cdef tuple bound
         cdef object key
@@ -700,7 +702,8 @@ cdef class Runtime:
         elif not self.stabilizing:
             if self.closed:
                 self.check_usable()
-            self.failed.clear()  # a new top-level pass: failed instances run again
+            if self.failed:
+                self.failed.clear()  # a new top-level pass: failed instances run again
         if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
             return n.value
         if n.flags & (F_RUNNING | F_VERIFYING):
@@ -723,7 +726,7 @@ cdef class Runtime:
         cdef list idx = [0]
         cdef Instance m
         cdef Node d
-        cdef list deps
+        cdef tuple deps
         cdef Py_ssize_t i, nd
         cdef bint pushed, must_run
         n.flags |= F_VERIFYING
@@ -870,7 +873,7 @@ cdef class Runtime:
             self.report_log.append((n.label(), n.last_action))
         return True
 
-    cdef void rewire(self, Instance n, list old, list new):
+    cdef void rewire(self, Instance n, tuple old, list new):
         cdef Py_ssize_t i, k = len(old)
         cdef Node d
         if k == len(new):
@@ -886,7 +889,7 @@ cdef class Runtime:
                 d.dependents = [n]
             else:
                 d.dependents.append(n)
-        n.deps = new
+        n.deps = tuple(new)
 
     cdef void raise_ts(self, Instance n):
         # keep I4: n after all its deps; then every dependent after n, transitively
