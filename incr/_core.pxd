@@ -34,6 +34,8 @@ cdef class Node:
     cdef list dependents             # Instances that read this node on their last run, or None
     cdef long long read_stamp        # id of the last frame that recorded a read of this node
     cdef Runtime rt
+    cdef object vhash                # content hash of `value` (store only): None = not computed,
+                                     # b"" = the value cannot be encoded
 
 
 cdef class Input(Node):
@@ -49,8 +51,20 @@ cdef class Instance(Node):
     cdef Node why                    # the dependency whose change caused the last run, or None
     cdef list observed_by            # live Observers on it, or None
     cdef int last_action             # A_* below: what happened at its last verification
+    cdef Persist persist             # its persistent identity (store only), or None
 
     cdef str label(self)
+
+
+cdef class Persist:
+    # An instance's persistent identity, and the state of a store lookup in progress.
+    cdef bint ok                     # False: this instance is never stored
+    cdef bytes ikey                  # instance key: hash of (cell identity, canonical arguments)
+    cdef str ident                   # the cell's identity
+    cdef bytes args                  # canonical encoding of the bound arguments
+    cdef list cands                  # stored records being tried, or None when no lookup runs
+    cdef Py_ssize_t ci, di           # candidate and dependency being checked
+    cdef list resolved               # dependencies of the candidate checked so far
 
 
 cdef enum Action:
@@ -60,9 +74,11 @@ cdef enum Action:
     A_CUTOFF = 3       # ran again, value equal to the old one: dependents not disturbed
     A_REUSED = 4       # verified without running
     A_FAILED = 5       # last run raised
+    A_LOADED = 6       # taken from the store: its dependencies hash as when it was stored
 
 
 cdef class Cell:
+    cdef object __weakref__
     cdef dict __dict__               # functools-style attributes: __name__, __doc__, __wrapped__
     cdef public str qualname_label   # the function's __qualname__, used in labels
     cdef readonly object fn
@@ -119,6 +135,8 @@ cdef class Runtime:
     cdef list tokens                 # contextvar tokens of nested `with rt:`
     cdef list report_log             # (label, action) appended during a stabilize, or None
     cdef readonly object store_path
+    cdef object store                # incr.store.Store, or None (in memory)
+    cdef long long n_store_hits, n_store_misses
     cdef readonly str hash
     cdef readonly object max_workers
     # counters for stats()
@@ -135,3 +153,11 @@ cdef class Runtime:
     cdef void dirty_from(self, Node n)
     cdef void set_input(self, Input i, object value) except *
     cdef void check_usable(self) except *
+    cdef int attempt(self, Instance m, list stack, list idx) except -1
+    cdef int probe_step(self, Instance m, list stack, list idx) except -1
+    cdef void adopt(self, Instance m, bytes key, dict rec, list resolved) except *
+    cdef Node resolve(self, list dep)
+    cdef Persist persist_of(self, Instance n)
+    cdef object value_hash(self, Node n)
+    cdef void record(self, Instance n) except *
+    cdef void flush(self, bint quiet) except *

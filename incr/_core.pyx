@@ -22,8 +22,11 @@ import time
 
 from cpython.contextvars cimport get_value
 
-from incr.errors import CycleError, IncrError, ReentrancyError
+from incr.errors import CycleError, IncrError, NotPersistableWarning, ReentrancyError
 from incr.keys import normalize_args
+from incr import keys as _keys
+import msgpack as _msgpack
+import warnings as _warnings
 
 cdef object _active = contextvars.ContextVar("incr_runtime", default=None)
 
@@ -164,12 +167,27 @@ cdef class Instance(Node):
         return self.label()
 
     @property
+    def action(self):
+        """What happened at its last verification: computed, recomputed, cutoff, reused,
+        loaded (from the store), failed or none."""
+        return _ACTIONS[self.last_action]
+
+    @property
     def timestamp(self):
         """Position in the trace: every dependency has a smaller timestamp (I4)."""
         return self.ts
 
     def __repr__(self):
         return f"<incr instance {self.label()}>"
+
+
+cdef class Persist:
+    """An instance's persistent identity and store lookup state (internal)."""
+
+    def __init__(self):
+        self.ok = False
+        self.cands = None
+        self.resolved = None
 
 
 cdef class Cell:
@@ -225,6 +243,11 @@ cdef class Cell:
             except AttributeError:
                 pass
         self.__wrapped__ = fn
+        _keys.register_cell(self)
+
+    @property
+    def _incr_is_cell(self):
+        return True
 
     cdef tuple bind(self, tuple args, dict kwargs):
         if self.signature is None:
@@ -299,18 +322,20 @@ cdef class Frame:
 class Stabilization:
     """What one ``rt.stabilize()`` did."""
 
-    __slots__ = ("recomputed", "cutoff", "reused", "seconds", "revision")
+    __slots__ = ("recomputed", "cutoff", "reused", "seconds", "revision", "loaded")
 
-    def __init__(self, recomputed, cutoff, reused, seconds, revision):
+    def __init__(self, recomputed, cutoff, reused, seconds, revision, loaded=()):
         self.recomputed = recomputed
         self.cutoff = cutoff
         self.reused = reused
         self.seconds = seconds
         self.revision = revision
+        self.loaded = list(loaded)
 
     def __repr__(self):
         return (f"Stabilization(revision={self.revision}, recomputed={self.recomputed!r}, "
-                f"cutoff={self.cutoff!r}, reused={self.reused}, seconds={self.seconds:.6f})")
+                f"cutoff={self.cutoff!r}, loaded={self.loaded!r}, reused={self.reused}, "
+                f"seconds={self.seconds:.6f})")
 
 
 cdef class Observer:
@@ -380,7 +405,7 @@ class _Batch:
 
 _ACTIONS = {
     A_NONE: "none", A_COMPUTED: "computed", A_RECOMPUTED: "recomputed",
-    A_CUTOFF: "cutoff", A_REUSED: "reused", A_FAILED: "failed",
+    A_CUTOFF: "cutoff", A_REUSED: "reused", A_FAILED: "failed", A_LOADED: "loaded",
 }
 
 
@@ -398,13 +423,11 @@ cdef class Runtime:
     4
     """
 
-    def __init__(self, store=None, *, hash="xxh3_128", max_workers=None):
+    def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None):
         if hash not in ("xxh3_128", "blake2b"):
             raise ValueError(f"Runtime: hash must be 'xxh3_128' or 'blake2b', got {hash!r}")
-        if store is not None:
-            raise IncrError(
-                f"Runtime(store={store!r}): the persistent store is not available in this "
-                f"version of incr; use Runtime() for an in-memory runtime")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
+            raise ValueError(f"Runtime: max_bytes must be a positive int or None, got {max_bytes!r}")
         if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
             raise ValueError(f"Runtime: max_workers must be a positive int or None, got {max_workers!r}")
         self.store_path = store
@@ -425,6 +448,10 @@ cdef class Runtime:
         self.batch_bumped = False
         self.stabilizing = False
         self.closed = False
+        self.store = None
+        if store is not None:
+            from incr.store import Store
+            self.store = Store(store, max_bytes=max_bytes)
 
     # -- the public surface ---------------------------------------------------------------
 
@@ -532,6 +559,8 @@ cdef class Runtime:
             self.stabilizing = False
             self.report_log = None
             _active.reset(token)
+            if self.store is not None:
+                self.flush(bool(errors))
         # callbacks run once everything is up to date, outside the trace
         for n in todo:
             if n.observed_by is None or not (n.flags & F_HAS_VALUE):
@@ -542,11 +571,12 @@ cdef class Runtime:
                     for cb in list(o.callbacks):
                         cb(n.value)
         report = Stabilization(
-            [lab for lab, act in log],
+            [lab for lab, act in log if act != A_LOADED],
             [lab for lab, act in log if act == A_CUTOFF],
             self.n_reused - reused0,
             time.perf_counter() - t0,
             self.revision,
+            [lab for lab, act in log if act == A_LOADED],
         )
         if errors:
             n, e = errors[0]
@@ -563,8 +593,13 @@ cdef class Runtime:
         dependency changed, at which revision. Does not compute anything."""
         self.check_usable()
         cdef Instance n = self._instance(cell, args, kwargs, create=False)
+        cdef Cell c
+        cdef tuple bound
         if n is None:
-            return f"{_label_of(cell, args, kwargs)} has never been computed on this runtime"
+            c = <Cell>cell
+            bound = c.bind(args, kwargs)
+            lab = c.qualname_label + "(" + ", ".join([repr(a) for a in bound]) + ")"
+            return f"{lab} has never been computed on this runtime"
         return _explain(self, n)
 
     def stats(self):
@@ -578,15 +613,23 @@ cdef class Runtime:
             "reused": self.n_reused,
             "cutoff": self.n_cutoff,
             "failed": self.n_failed,
-            "store_hits": 0,
-            "store_misses": 0,
+            "store_hits": self.n_store_hits,
+            "store_misses": self.n_store_misses,
             "generations": 0,
             "validations": 0,
         }
 
     def close(self):
-        """Close the runtime. Using it afterwards raises IncrError. Idempotent."""
+        """Flush and close the store, and close the runtime. Using it afterwards raises
+        IncrError. Idempotent."""
+        if self.closed:
+            return
         self.closed = True
+        if self.store is not None:
+            try:
+                self.store.commit()
+            finally:
+                self.store.close()
 
     def __repr__(self):
         return (f"<incr.Runtime revision={self.revision} inputs={len(self.inputs)} "
@@ -698,7 +741,8 @@ cdef class Runtime:
     cdef object demand(self, Instance n):
         cdef Py_ssize_t i
         if self.frames:
-            self.record_read(n)
+            if not (n.flags & (F_RUNNING | F_VERIFYING)):
+                self.record_read(n)  # (an edge into a cycle is never recorded)
         elif not self.stabilizing:
             if self.closed:
                 self.check_usable()
@@ -717,7 +761,15 @@ cdef class Runtime:
                              else [n.label()] + labels[start:] + [n.label()])
         if not (n.flags & F_HAS_VALUE) and n in self.failed:
             raise self.failed[n]
-        return self.ensure(n)
+        if self.store is None or self.frames or self.stabilizing:
+            return self.ensure(n)
+        try:  # a top-level demand: one store commit for everything it computed
+            v = self.ensure(n)
+        except BaseException:
+            self.flush(True)
+            raise
+        self.flush(False)
+        return v
 
     cdef object ensure(self, Instance n):
         # Bring n up to date. Recorded dependencies are walked with an explicit stack, so the
@@ -733,11 +785,15 @@ cdef class Runtime:
         try:
             while stack:
                 m = <Instance>stack[len(stack) - 1]
-                if not _needs_work(m):
+                if m.persist is not None and m.persist.cands is not None:
+                    # a store lookup in progress: a dependency it pushed is now up to date
+                    if self.attempt(m, stack, idx) == PUSHED:
+                        continue
+                elif not _needs_work(m):
                     pass
                 elif not (m.flags & F_HAS_VALUE):
-                    if not self.run_in_stack(m, len(stack) == 1):
-                        pass
+                    if self.attempt(m, stack, idx) == PUSHED:
+                        continue
                 else:
                     i = <Py_ssize_t>idx[len(idx) - 1]
                     deps = m.deps
@@ -773,7 +829,8 @@ cdef class Runtime:
                         continue
                     if must_run:
                         m.flags &= ~F_MUST_RUN
-                        self.run_in_stack(m, len(stack) == 1)
+                        if self.attempt(m, stack, idx) == PUSHED:
+                            continue
                     else:
                         m.flags &= ~F_DIRTY
                         m.verified_at = self.clock
@@ -785,8 +842,215 @@ cdef class Runtime:
         except BaseException:
             for m in stack:
                 m.flags &= ~(F_VERIFYING | F_MUST_RUN)
+                if m.persist is not None:
+                    m.persist.cands = None
+                    m.persist.resolved = None
             raise
         return n.value
+
+    cdef int attempt(self, Instance m, list stack, list idx) except -1:
+        # m must be (re)computed: take it from the store if a stored trace of it matches the
+        # current dependencies, else run it. Returns PUSHED when a dependency was pushed.
+        cdef int r
+        if self.store is not None:
+            r = self.probe_step(m, stack, idx)
+            if r != NOMATCH:
+                return r
+        self.run_in_stack(m, len(stack) == 1)
+        return DONE
+
+    cdef int probe_step(self, Instance m, list stack, list idx) except -1:
+        # Check m's stored traces, most recent first, each dependency in the order it was read:
+        # a cell dependency is brought up to date first (pushed on the explicit stack, so a
+        # warm start never recurses), then its value hash is compared with the recorded one.
+        cdef Persist p = m.persist
+        cdef Node d
+        cdef list deps
+        cdef dict rec
+        if p is None:
+            p = self.persist_of(m)
+        if not p.ok:
+            return NOMATCH
+        if p.cands is None:
+            try:
+                p.cands = self.store.candidates(p.ikey)
+            except Exception as e:
+                _warnings.warn(f"incr store {self.store_path}: lookup failed ({e}); computing "
+                               f"{m.label()}", _store_warning(), stacklevel=3)
+                p.cands = []
+            p.ci = 0
+            p.di = 0
+            p.resolved = []
+        while p.ci < len(p.cands):
+            key, rec = p.cands[p.ci]
+            deps = rec["deps"]
+            matched = True
+            while p.di < len(deps):
+                d = self.resolve(deps[p.di])
+                if d is None:
+                    matched = False
+                    break
+                if isinstance(d, Instance) and _needs_work(d):
+                    if d.flags & (F_VERIFYING | F_RUNNING):
+                        matched = False
+                        break
+                    d.flags |= F_VERIFYING
+                    stack.append(d)
+                    idx.append(0)
+                    return PUSHED
+                if not (d.flags & F_HAS_VALUE) or self.value_hash(d) != deps[p.di][2]:
+                    matched = False
+                    break
+                p.resolved.append(d)
+                p.di += 1
+            if matched:
+                resolved = p.resolved
+                p.cands = None
+                p.resolved = None
+                try:
+                    self.adopt(m, key, rec, resolved)
+                except _keys.DecodeError as e:
+                    _warnings.warn(f"incr store {self.store_path}: the stored value of "
+                                   f"{m.label()} does not decode ({e}); recomputing",
+                                   _store_warning(), stacklevel=3)
+                    self.n_store_misses += 1
+                    return NOMATCH
+                return DONE
+            p.ci += 1
+            p.di = 0
+            p.resolved = []
+        p.cands = None
+        p.resolved = None
+        self.n_store_misses += 1
+        return NOMATCH
+
+    cdef void adopt(self, Instance m, bytes key, dict rec, list resolved) except *:
+        value = _keys.decode(rec["val"])
+        cdef bint had = (m.flags & F_HAS_VALUE) != 0
+        if had and _same_value(m.value, value):
+            pass  # same value: dependents are not disturbed
+        else:
+            m.value = value
+            m.changed_at = self.clock
+            m.changed_rev = self.revision
+        m.vhash = rec["vh"]
+        self.rewire(m, m.deps, resolved)
+        m.verified_at = self.clock
+        m.ran_rev = self.revision
+        m.flags = (m.flags | F_HAS_VALUE) & ~F_DIRTY
+        m.last_action = A_LOADED
+        self.raise_ts(m)
+        self.store.hit(key)
+        self.n_store_hits += 1
+        self.n_reused += 1
+        if self.report_log is not None:
+            self.report_log.append((m.label(), A_LOADED))
+
+    cdef Node resolve(self, list dep):
+        # the node a stored dependency names in this process, or None
+        cdef Cell c
+        cdef dict table
+        if dep[0] == "i":
+            return self.inputs.get(dep[1])
+        ident, args_b = dep[1]
+        c = _keys.cell_for(ident)
+        if c is None:
+            return None
+        try:
+            args = _keys.decode(args_b)
+        except _keys.DecodeError:
+            return None
+        if type(args) is not tuple:
+            return None
+        if any(isinstance(a, _keys._InputRef) for a in args):
+            args = tuple(self.inputs.get(a) if isinstance(a, _keys._InputRef) else a
+                         for a in args)
+            if any(a is None for a in args):
+                return None
+        table = self.table_for(c)
+        key = _fast_key(args)
+        if key is None:
+            try:
+                key = normalize_args(c.qualname_label, c.param_names, args)
+            except TypeError:
+                return None
+        n = table.get(key)
+        if n is None:
+            n = Instance(c, args, self)
+            table[key] = n
+        return n
+
+    cdef Persist persist_of(self, Instance n):
+        cdef Persist p = Persist()
+        ident = _keys.cell_identity(n.cell)
+        if ident is None:
+            _warn_once(n.cell, f"incr: {n.cell.name} shares its identity with another live "
+                               f"cell, so neither is stored; give them distinct version=")
+        else:
+            try:
+                p.args = _keys.encode(n.args)
+                p.ident = ident
+                p.ikey = _keys.digest("cell", _keys.encode([ident, p.args]), self.hash)
+                p.ok = True
+            except TypeError as e:
+                _warn_once(n.cell, f"incr: arguments of {n.label()} cannot be stored ({e})")
+        n.persist = p
+        return p
+
+    cdef object value_hash(self, Node n):
+        if n.vhash is None:
+            try:
+                n.vhash = _keys.digest("value", _keys.encode(n.value), self.hash)
+            except TypeError:
+                n.vhash = b""
+        return n.vhash
+
+    cdef void record(self, Instance n) except *:
+        # Store n's value with the content hashes of the dependencies it read: a constructive
+        # trace keyed by its immediate dependencies, so cutoff holds across processes.
+        cdef Persist p = n.persist
+        cdef Node d
+        cdef Persist dp
+        if p is None:
+            p = self.persist_of(n)
+        if not p.ok:
+            return
+        try:
+            val = _keys.encode(n.value)
+        except TypeError as e:
+            n.vhash = b""
+            _warn_once(n.cell, f"incr: the value of {n.label()} cannot be stored, so it stays "
+                               f"in memory only ({e})")
+            return
+        n.vhash = _keys.digest("value", val, self.hash)
+        deps = []
+        for d in n.deps:
+            h = self.value_hash(d)
+            if not h:
+                return  # it read something that cannot be hashed: nothing to verify it by
+            if isinstance(d, Input):
+                deps.append(["i", (<Input>d).name, h])
+            else:
+                dp = (<Instance>d).persist
+                if dp is None:
+                    dp = self.persist_of(<Instance>d)
+                if not dp.ok:
+                    return
+                deps.append(["c", [dp.ident, dp.args], h])
+        trace = _keys.digest("trace", _msgpack.packb(deps, use_bin_type=True), self.hash)
+        from incr.store import pack_record
+        self.store.put(p.ikey + trace, pack_record({
+            "cell": p.ident, "label": n.label(), "args": p.args, "val": val, "vh": n.vhash,
+            "deps": deps, "run": self.store.run}))
+
+    cdef void flush(self, bint quiet) except *:
+        if quiet:
+            try:
+                self.store.commit()
+            except Exception:
+                pass
+        else:
+            self.store.commit()
 
     cdef bint run_in_stack(self, Instance m, bint bottom) except -1:
         # Run m from a verification stack. A failure of an instance that is not the one
@@ -817,6 +1081,7 @@ cdef class Runtime:
             n.flags &= ~(F_RUNNING | F_HAS_VALUE | F_DIRTY)
             self.rewire(n, n.deps, f.reads)
             n.value = None
+            n.vhash = None
             if had:  # losing a value is a change; failing again is not
                 n.changed_at = self.clock
                 n.changed_rev = self.revision
@@ -850,6 +1115,8 @@ cdef class Runtime:
                 same = n.value is value
             elif n.cell.cutoff_kind == C_CALLABLE:
                 same = bool(n.cell.cutoff(n.value, value))
+        if not same:
+            n.vhash = None
         if same:
             n.last_action = A_CUTOFF
             self.n_cutoff += 1
@@ -869,6 +1136,8 @@ cdef class Runtime:
         n.ran_rev = self.revision
         n.flags = (n.flags | F_HAS_VALUE) & ~F_DIRTY
         self.raise_ts(n)
+        if self.store is not None:
+            self.record(n)
         if self.report_log is not None:
             self.report_log.append((n.label(), n.last_action))
         return True
@@ -940,6 +1209,7 @@ cdef class Runtime:
         if _same_value(inp.value, value):
             return
         inp.value = value
+        inp.vhash = None
         self.clock += 1
         if self.batch_depth == 0:
             self.revision += 1
@@ -951,6 +1221,23 @@ cdef class Runtime:
         self.dirty_from(inp)
 
 
+cdef enum:
+    DONE = 0
+    PUSHED = 1
+    NOMATCH = 2
+
+
+def _store_warning():
+    from incr.store import DamagedRecordWarning
+    return DamagedRecordWarning
+
+
+def _warn_once(Cell cell, str message):
+    if not getattr(cell, "_incr_warned", False):
+        setattr(cell, "_incr_warned", True)
+        _warnings.warn(message, NotPersistableWarning, stacklevel=4)
+
+
 def _ts_key(Instance n):
     return n.ts
 
@@ -959,11 +1246,6 @@ cdef str _node_label(Node d):
     if isinstance(d, Instance):
         return (<Instance>d).label()
     return f"input {(<Input>d).name!r}"
-
-
-def _label_of(cell, args, kwargs):
-    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
-    return f"{getattr(cell, '__qualname__', cell)}({', '.join(parts)})"
 
 
 def _explain(Runtime rt, Instance n):
@@ -979,7 +1261,10 @@ def _explain(Runtime rt, Instance n):
         return f"{lab} has never been computed on this runtime"
     if act == A_FAILED:
         return f"{lab} raised on its last run, at revision {n.ran_rev}; it runs again at its next demand"
-    if act == A_COMPUTED:
+    if act == A_LOADED:
+        text = (f"{lab} was taken from the store at revision {n.ran_rev}: the dependencies it "
+                f"read hash the same as when it was stored, so it did not run")
+    elif act == A_COMPUTED:
         text = f"{lab} was computed for the first time at revision {n.ran_rev}"
     elif act in (A_RECOMPUTED, A_CUTOFF):
         w = n.why

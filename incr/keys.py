@@ -121,3 +121,297 @@ def _short(v: Any) -> str:
 
 
 _BUILTIN = {type(None), bool, int, float, str, bytes, tuple, list, dict, frozenset}
+
+
+# --- canonical bytes and content hashes (persistent keys) -----------------------------------
+#
+# The canonical encoding is msgpack (use_bin_type=True, strict_types=True) of the value with:
+# dict keys sorted (str keys only), tuple and frozenset and registered types and Inputs as
+# extension types (so tuple != list), floats always as float64 with one NaN bit pattern (-0.0
+# stays distinct from 0.0, as in normalize), bool/int/float kept apart by msgpack itself.
+# decode() accepts only these extension codes and str map keys; anything else is an error.
+
+import math as _math
+import struct as _struct
+
+import msgpack as _msgpack
+import xxhash as _xxhash
+import hashlib as _hashlib
+
+FORMAT = 1                      # bump when the encoding or a pre-image layout changes
+EXT_TUPLE = 1
+EXT_FROZENSET = 2
+EXT_REGISTERED = 3
+EXT_INPUT = 4
+_NAN = _struct.unpack(">d", bytes.fromhex("7ff8000000000000"))[0]
+
+DOMAINS = {"input": b"I", "cell": b"C", "value": b"V", "llm": b"L", "validator": b"A",
+           "trace": b"T"}
+ALGORITHMS = {"xxh3_128": b"x", "blake2b": b"b"}
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a canonical encoding this version of incr can read."""
+
+
+def _default(v: Any) -> Any:
+    t = type(v)
+    if t is tuple:
+        return _msgpack.ExtType(EXT_TUPLE, _pack(list(v)))
+    if t is frozenset:
+        parts = sorted(_pack(x) for x in v)
+        return _msgpack.ExtType(EXT_FROZENSET, b"".join(_frame(p) for p in parts))
+    spec = _registry.get(t)
+    if spec is not None:
+        return _msgpack.ExtType(EXT_REGISTERED, _pack([spec[0], spec[1](v)]))
+    name = getattr(v, "_incr_input_name", None)
+    if name is not None:
+        return _msgpack.ExtType(EXT_INPUT, name.encode())
+    raise _Unencodable("value", v)
+
+
+def _frame(b: bytes) -> bytes:
+    return len(b).to_bytes(4, "big") + b
+
+
+def _prepare(v: Any) -> Any:
+    # sort dict keys, canonicalize floats; containers are rebuilt (same types)
+    t = type(v)
+    if t is dict:
+        for k in v:
+            if type(k) is not str:
+                raise _Unencodable(f"key {k!r}", k)
+        return {k: _prepare(v[k]) for k in sorted(v)}
+    if t is list:
+        return [_prepare(x) for x in v]
+    if t is tuple:
+        return tuple(_prepare(x) for x in v)
+    if t is float and v != v:
+        return _NAN
+    return v
+
+
+def _pack(v: Any) -> bytes:
+    return _msgpack.packb(_prepare(v), use_bin_type=True, strict_types=True,
+                          default=_default, use_single_float=False)
+
+
+def encode(value: Any, what: str = "value") -> bytes:
+    """Canonical bytes of ``value``; ``TypeError`` naming ``what`` if it cannot be encoded.
+
+    >>> encode((1, 2)) != encode([1, 2])
+    True
+    """
+    try:
+        return _pack(value)
+    except _Unencodable as e:
+        raise TypeError(_message(what, e)) from None
+    except (OverflowError, ValueError) as e:  # ints beyond 64 bits, recursion
+        raise TypeError(f"{what} cannot be encoded: {e}") from None
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_TUPLE:
+        v = _unpack(data)
+        if type(v) is not list:
+            raise DecodeError("tuple extension does not hold an array")
+        return tuple(v)
+    if code == EXT_FROZENSET:
+        out, i = [], 0
+        while i < len(data):
+            if i + 4 > len(data):
+                raise DecodeError("truncated frozenset element")
+            n = int.from_bytes(data[i:i + 4], "big")
+            i += 4
+            if i + n > len(data):
+                raise DecodeError("truncated frozenset element")
+            out.append(_unpack(data[i:i + n]))
+            i += n
+        try:
+            return frozenset(out)
+        except TypeError as e:
+            raise DecodeError(f"unhashable frozenset element: {e}") from None
+    if code == EXT_REGISTERED:
+        v = _unpack(data)
+        if type(v) is not list or len(v) != 2 or type(v[0]) is not str:
+            raise DecodeError("malformed registered-type extension")
+        for cls, (name, _enc, dec) in list(_registry.items()):
+            if name == v[0]:
+                try:
+                    return dec(v[1])
+                except Exception as e:  # a user decoder refusing the payload
+                    raise DecodeError(f"decoder of {name} failed: {e}") from None
+        raise DecodeError(f"type {v[0]} is not registered in this process")
+    if code == EXT_INPUT:
+        return _InputRef(data.decode("utf-8", "strict"))
+    raise DecodeError(f"extension type {code} is not allowed")
+
+
+class _InputRef(str):
+    """An Input argument, decoded: the input's name (resolved by the runtime)."""
+
+
+def _unpack(data: bytes) -> Any:
+    try:
+        return _msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_ext_hook,
+                                use_list=True)
+    except DecodeError:
+        raise
+    except Exception as e:  # msgpack's own errors: ExtraData, FormatError, StackError, ...
+        raise DecodeError(f"{type(e).__name__}: {e}") from None
+
+
+def decode(data: bytes) -> Any:
+    """Invert :func:`encode`. Raises :class:`DecodeError` (and nothing else) on bad bytes."""
+    if type(data) is not bytes:
+        data = bytes(data)
+    return _unpack(data)
+
+
+def digest(domain: str, payload: bytes, algorithm: str = "xxh3_128") -> bytes:
+    """Content hash of ``payload`` in ``domain``: one algorithm byte, then the digest.
+
+    Every pre-image starts with ``incr``, the format version and the domain tag, so hashes of
+    different kinds of things never collide by construction.
+    """
+    pre = b"incr" + bytes((FORMAT,)) + DOMAINS[domain] + payload
+    if algorithm == "xxh3_128":
+        return b"x" + _xxhash.xxh3_128_digest(pre)
+    if algorithm == "blake2b":
+        return b"b" + _hashlib.blake2b(pre, digest_size=20).digest()
+    raise ValueError(f"unknown hash algorithm {algorithm!r}; use 'xxh3_128' or 'blake2b'")
+
+
+def checksum(payload: bytes) -> bytes:
+    """xxh3_64 of a record payload (integrity, not authenticity)."""
+    return _xxhash.xxh3_64_digest(payload)
+
+
+def code_fingerprint(fn: Any) -> bytes:
+    """What stands for a function's identity when it has no ``version``: a hash of its code
+    object — bytecode, constants (nested code objects included, recursively), names, variable
+    names, and the defaults.
+
+    It cannot see globals the function reads, functions it calls, or closure contents: editing
+    a callee does not change the caller's fingerprint. Give such a cell ``version=`` and bump it.
+    """
+    code = getattr(fn, "__code__", None)
+    h = _xxhash.xxh3_128()
+    if code is None:
+        h.update(repr(fn).encode())
+        return h.digest()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        h.update(c.co_code)
+        h.update(repr(c.co_names).encode())
+        h.update(repr(c.co_varnames).encode())
+        h.update(repr(c.co_freevars).encode())
+        for k in c.co_consts:
+            if hasattr(k, "co_code"):
+                stack.append(k)
+            else:
+                h.update(repr((type(k).__name__, k)).encode())
+    defaults = getattr(fn, "__defaults__", None)
+    h.update(repr(defaults).encode())
+    return h.digest()
+
+
+# --- cell identity ---------------------------------------------------------------------------
+
+import weakref as _weakref
+
+_by_name: dict[str, list] = {}        # cell name -> weak references to the live cells so named
+_index: dict[str, dict[str, list]] = {}   # cell name -> identity -> live cells (built lazily)
+
+
+def register_cell(cell: Any) -> None:
+    """Called for every new cell: lets ``cell_for`` find it by identity later. O(1)."""
+    _by_name.setdefault(cell.name, []).append(_weakref.ref(cell))
+    _index.pop(cell.name, None)
+
+
+def _shallow(cell: Any) -> bytes:
+    if cell.version is not None:
+        return b"v" + repr(cell.version).encode()
+    return b"c" + code_fingerprint(cell.fn)
+
+
+def closure_fingerprint(fn: Any) -> tuple[bytes, bool]:
+    """What the closure of ``fn`` holds, as far as it can be named: cells by name and code
+    (not recursively), inputs by name, encodable values by their encoding, anything else by
+    its type only. The flag says whether everything could be named (the fingerprint is exact)."""
+    cells = getattr(fn, "__closure__", None) or ()
+    h = _xxhash.xxh3_128()
+    exact = True
+    for c in cells:
+        try:
+            v = c.cell_contents
+        except ValueError:  # an empty closure cell
+            h.update(b"<empty>")
+            continue
+        if getattr(v, "_incr_is_cell", False):
+            h.update(b"C" + v.name.encode() + _shallow(v))
+            continue
+        try:
+            h.update(b"V" + _pack(v))
+        except Exception:
+            h.update(b"T" + f"{type(v).__module__}.{type(v).__qualname__}".encode())
+            exact = False
+    return h.digest(), exact
+
+
+def _identity_of(cell: Any) -> str:
+    ident = getattr(cell, "_incr_ident", None)
+    if ident is None:
+        if cell.version is not None:
+            ident, exact = f"{cell.name}@v:{cell.version}", True
+        else:
+            cfp, exact = closure_fingerprint(cell.fn)
+            fp = _xxhash.xxh3_64_hexdigest(_shallow(cell) + cfp)
+            ident = f"{cell.name}@c:{fp}"
+        cell._incr_ident = ident
+        cell._incr_exact = exact
+    return ident
+
+
+def _name_index(name: str) -> dict[str, list]:
+    idx = _index.get(name)
+    if idx is None:
+        idx = {}
+        refs = [r for r in _by_name.get(name, ()) if r() is not None]
+        _by_name[name] = refs
+        for r in refs:
+            idx.setdefault(_identity_of(r()), []).append(r)
+        _index[name] = idx
+    return idx
+
+
+def cell_identity(cell: Any) -> str | None:
+    """The identity of a cell across processes, or None when it cannot be told apart from
+    another live cell that may compute something else.
+
+    ``module.qualname@v:<version>`` when the cell has a ``version``, else
+    ``module.qualname@c:<hash of the code object and what its closure holds>``. Two live cells
+    with the same identity share stored entries when the identity is exact (a version, or a
+    closure whose every value could be named: re-running a notebook cell is this case); when
+    part of a closure could be named only by its type, neither is stored (give them distinct
+    ``version=``).
+    """
+    ident = _identity_of(cell)
+    if cell._incr_exact:
+        return ident
+    live = [r for r in _name_index(cell.name).get(ident, ()) if r() is not None]
+    return ident if len(live) <= 1 else None
+
+
+def cell_for(ident: str) -> Any:
+    """The live cell with identity ``ident`` (the newest, when the identity is exact), or None."""
+    name = ident.rsplit("@", 1)[0]
+    live = [r() for r in _name_index(name).get(ident, ())]
+    live = [c for c in live if c is not None]
+    if not live:
+        return None
+    if live[-1]._incr_exact or len(live) == 1:
+        return live[-1]
+    return None

@@ -41,27 +41,44 @@ def test_readme_commands_are_the_ones_ci_runs():
     assert "python -m pytest" in readme.split("```")[1] and "python -m pytest" in ci
 
 
-def test_demo_shows_minimal_recomputation():
-    out = subprocess.run([sys.executable, "-m", "incr.cli", "demo", "--json"],
+def _demo_json(*args):
+    out = subprocess.run([sys.executable, "-m", "incr.cli", "demo", "--json", *args],
                          capture_output=True, text=True, check=True).stdout
-    steps = json.loads(out)["steps"]
-    by = {s["step"].split(":")[0] + str(i): s for i, s in enumerate(steps)}
+    return json.loads(out)
+
+
+def test_demo_shows_minimal_recomputation():
+    steps = _demo_json("--memory")["steps"]
     first, apples, tax, same, coffee, apples2 = steps
-    assert len(first["ran"]) == 8
+    assert len(first["ran"]) == 8 and first["loaded"] == []
     assert tax["ran"] == ["tax()", "total()"]
     assert same["ran"] == [] and same["revision"] == tax["revision"]
     assert coffee["revision"] == same["revision"] + 1, "a batch is one revision"
     assert "tier()" in apples2["cut_off"] and "discount()" not in apples2["ran"]
-    assert apples2["total"] == round(apples2["total"], 2)
-    assert by  # every step has a title
 
 
-def test_demo_text_output():
+def test_demo_second_process_recomputes_nothing(tmp_path):
+    store = str(tmp_path / "demo-store")
+    first = _demo_json("--store", store)
+    assert first["functions_run"] > 8 and first["stats"]["store_hits"] == 0
+    second = _demo_json("--store", store)
+    assert second["functions_run"] == 0
+    assert second["stats"]["computed"] == 0 and second["stats"]["recomputed"] == 0
+    assert [s["total"] for s in second["steps"]] == [s["total"] for s in first["steps"]]
+    assert len(second["steps"][0]["loaded"]) == 8
+
+
+def test_demo_text_output(tmp_path):
     from io import StringIO
 
     from incr.cli import demo
 
     buf = StringIO()
-    assert demo(out=buf) == 0
+    assert demo(store=None, out=buf) == 0
     text = buf.getvalue()
     assert "cut off: tier()" in text and "ran:     tax(), total()" in text
+    store = str(tmp_path / "s")
+    demo(store=store, out=StringIO())
+    buf = StringIO()
+    demo(store=store, out=buf)
+    assert "This run computed nothing" in buf.getvalue()

@@ -1,0 +1,322 @@
+"""LMDB persistence (internal; the one place that knows LMDB).
+
+Layout of a store directory (owner-only: the directory is 0700, the files 0600):
+
+- ``meta``    format version, creation time, run counter;
+- ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
+  record (below). Several traces of one instance coexist (change-and-revert finds the old one);
+- ``used``    per entry key: hit count and the last run that wrote or hit it (for inspect, gc).
+
+A record is a 16-byte header — magic ``iR``, format version, kind, payload length (u32, big
+endian), xxh3_64 of the payload — then a msgpack payload (a map with str keys, checked against
+a schema before use). A record whose header, length, checksum, msgpack or schema is wrong is a
+miss plus one :class:`DamagedRecordWarning`: it never yields a value. Nothing here pickles,
+marshals or evaluates what it reads.
+
+Writes are buffered by the runtime and committed in one write transaction per top-level demand
+or stabilization (``commit``); the first writer of an entry wins (``overwrite=False``), so
+processes that compute the same entry end with the same stored value.
+
+Invariants: every committed record decodes; a reader never sees half a commit (LMDB's MVCC).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import time
+import warnings
+from typing import Any, Iterator
+
+import lmdb
+import msgpack
+
+from incr.errors import StoreError
+from incr.keys import checksum
+
+FORMAT = 1
+MAGIC = b"iR"
+HEADER = struct.Struct(">2sBBI8s")
+MAX_RECORD = 64 << 20             # a record larger than this is damaged by definition
+KIND_CELL = 1
+INITIAL_MAP = 64 << 20
+NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs",
+              "fuse.sshfs", "lustre", "gpfs", "davfs", "ncpfs", "coda"}
+
+
+class DamagedRecordWarning(UserWarning):
+    """A stored record could not be read (damaged or foreign): it was treated as a miss."""
+
+
+def pack_record(payload: dict, kind: int = KIND_CELL) -> bytes:
+    body = msgpack.packb(payload, use_bin_type=True)
+    return HEADER.pack(MAGIC, FORMAT, kind, len(body), checksum(body)) + body
+
+
+_SCHEMA = {"cell": str, "label": str, "args": bytes, "val": bytes, "vh": bytes,
+           "deps": list, "run": int}
+
+
+def unpack_record(data: bytes) -> dict:
+    """Decode and check one record; raise ValueError (only) if it is not a sound record."""
+    if len(data) < HEADER.size:
+        raise ValueError("shorter than a header")
+    magic, fmt, kind, length, crc = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError("not an incr record")
+    if fmt != FORMAT:
+        raise ValueError(f"record format {fmt}, this incr reads {FORMAT}")
+    if length > MAX_RECORD or length != len(data) - HEADER.size:
+        raise ValueError("length field does not match")
+    body = bytes(data[HEADER.size:])
+    if checksum(body) != crc:
+        raise ValueError("checksum mismatch")
+    try:
+        rec = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
+                              ext_hook=_no_ext)
+    except Exception as e:  # any msgpack failure is damage
+        raise ValueError(f"payload: {type(e).__name__}") from None
+    if type(rec) is not dict:
+        raise ValueError("payload is not a map")
+    for k, t in _SCHEMA.items():
+        if type(rec.get(k)) is not t:
+            raise ValueError(f"field {k!r} missing or not {t.__name__}")
+    for d in rec["deps"]:
+        if (type(d) is not list or len(d) != 3 or d[0] not in ("i", "c")
+                or type(d[2]) is not bytes):
+            raise ValueError("malformed dependency")
+        if d[0] == "i" and type(d[1]) is not str:
+            raise ValueError("malformed input dependency")
+        if d[0] == "c" and not (type(d[1]) is list and len(d[1]) == 2
+                                and type(d[1][0]) is str and type(d[1][1]) is bytes):
+            raise ValueError("malformed cell dependency")
+    return rec
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"extension type {code} in a record envelope")
+
+
+def _fs_type(path: str) -> str | None:
+    """The file-system type holding ``path``, from /proc/mounts (None if unknown)."""
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    best, fstype = "", None
+    real = os.path.realpath(path)
+    for m in mounts:
+        if len(m) >= 3:
+            mnt = m[1].replace("\\040", " ")
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fstype = mnt, m[2]
+    return fstype
+
+
+class Store:
+    """An open LMDB store. One per runtime; reopened transparently after ``fork()``."""
+
+    def __init__(self, path: Any, *, max_bytes: int | None = None):
+        self.path = os.path.abspath(os.fspath(path))
+        self.max_bytes = max_bytes
+        self.pending: dict[bytes, bytes] = {}
+        self.hits: dict[bytes, int] = {}
+        self.warned = False
+        self._open()
+
+    # -- opening --------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        path = self.path
+        parent = os.path.dirname(path) or "."
+        fs = _fs_type(path if os.path.exists(path) else parent)
+        if fs in NETWORK_FS or (fs or "").startswith("fuse.sshfs"):
+            raise StoreError(
+                f"store {path} is on a network file system ({fs}); LMDB's locks do not work "
+                f"there. Put the store on a local disk.")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create store directory {path}: {e.strerror}. Choose a "
+                             f"writable location.") from None
+        if not os.path.isdir(path):
+            raise StoreError(f"store path {path} exists and is not a directory")
+        try:
+            st = os.stat(path)
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.chmod(path, 0o700)
+        except OSError:
+            pass
+        if not os.access(path, os.W_OK):
+            raise StoreError(f"store {path} is read-only for this user; incr needs to write "
+                             f"its lock and data files there")
+        size = INITIAL_MAP
+        data = os.path.join(path, "data.mdb")
+        if os.path.exists(data):
+            size = max(size, os.path.getsize(data) * 2)
+        try:
+            self.env = lmdb.open(path, map_size=size, max_dbs=4, mode=0o600, subdir=True,
+                                 readahead=False, meminit=False, max_readers=256)
+        except lmdb.Error as e:
+            raise StoreError(f"cannot open store {path}: {e}") from None
+        self.pid = os.getpid()
+        try:
+            self.env.reader_check()
+            self.meta = self.env.open_db(b"meta")
+            self.entries = self.env.open_db(b"entries")
+            self.used = self.env.open_db(b"used")
+            with self.env.begin(write=True) as txn:
+                fmt = txn.get(b"format", db=self.meta)
+                if fmt is None:
+                    if txn.stat(self.entries)["entries"]:
+                        raise StoreError(f"store {path} has entries but no format record")
+                    txn.put(b"format", str(FORMAT).encode(), db=self.meta)
+                    txn.put(b"created", str(time.time()).encode(), db=self.meta)
+                elif fmt != str(FORMAT).encode():
+                    raise StoreError(
+                        f"store {path} has format {fmt[:20]!r}; this version of incr reads "
+                        f"format {FORMAT}. Use another directory, or delete this one.")
+                run = int(txn.get(b"runs", b"0", db=self.meta)) + 1
+                txn.put(b"runs", str(run).encode(), db=self.meta)
+            self.run = run
+        except StoreError:
+            self.env.close()
+            raise
+        except lmdb.Error as e:
+            self.env.close()
+            raise StoreError(f"cannot use store {path}: {e}") from None
+        except ValueError:
+            self.env.close()
+            raise StoreError(f"store {path} has a damaged meta record") from None
+
+    def _env(self) -> lmdb.Environment:
+        if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
+            self.pending.clear()
+            self.hits.clear()
+            self._open()
+        return self.env
+
+    def close(self) -> None:
+        if getattr(self, "env", None) is not None and os.getpid() == self.pid:
+            self.env.close()
+        self.env = None
+
+    # -- reading --------------------------------------------------------------------------
+
+    def candidates(self, ikey: bytes) -> list[tuple[bytes, dict]]:
+        """The sound records stored for the instance key ``ikey``, most recent run first."""
+        env = self._env()
+        out = []
+        damaged = []
+        for _ in range(3):
+            try:
+                with env.begin(db=self.entries, buffers=False) as txn:
+                    cur = txn.cursor()
+                    if cur.set_range(ikey):
+                        for k, v in cur:
+                            if not k.startswith(ikey):
+                                break
+                            try:
+                                out.append((k, unpack_record(v)))
+                            except ValueError as e:
+                                damaged.append((k, str(e)))
+                break
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)
+                out.clear()
+                damaged.clear()
+        for k, why in damaged:
+            warnings.warn(
+                f"incr store {self.path}: damaged record {k.hex()[:16]}… ignored ({why}); "
+                f"the value will be recomputed", DamagedRecordWarning, stacklevel=4)
+        out.sort(key=lambda kv: -kv[1]["run"])
+        return out
+
+    def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
+        """Every entry: (key, record or None if damaged, size in bytes)."""
+        env = self._env()
+        with env.begin(db=self.entries, buffers=False) as txn:
+            for k, v in txn.cursor():
+                try:
+                    rec = unpack_record(v)
+                except ValueError:
+                    rec = None
+                yield k, rec, len(v)
+
+    def usage(self) -> dict[bytes, tuple[int, int]]:
+        """Entry key -> (hits, last run that wrote or hit it)."""
+        env = self._env()
+        out = {}
+        with env.begin(db=self.used, buffers=False) as txn:
+            for k, v in txn.cursor():
+                try:
+                    hits, last = msgpack.unpackb(v)
+                    out[k] = (int(hits), int(last))
+                except Exception:
+                    continue
+        return out
+
+    # -- writing --------------------------------------------------------------------------
+
+    def put(self, key: bytes, record: bytes) -> None:
+        self.pending[key] = record
+
+    def hit(self, key: bytes) -> None:
+        self.hits[key] = self.hits.get(key, 0) + 1
+
+    def commit(self) -> None:
+        """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
+        earlier commits intact) if the disk is full or the store refuses the write."""
+        if not self.pending and not self.hits:
+            return
+        env = self._env()
+        pending, hits = self.pending, self.hits
+        self.pending, self.hits = {}, {}
+        for _attempt in range(8):
+            try:
+                with env.begin(write=True) as txn:
+                    for k, v in pending.items():
+                        txn.put(k, v, db=self.entries, overwrite=False)
+                    touched = set(pending) | set(hits)
+                    for k in touched:
+                        old = txn.get(k, db=self.used)
+                        n = 0
+                        if old is not None:
+                            try:
+                                n = int(msgpack.unpackb(old)[0])
+                            except Exception:
+                                n = 0
+                        txn.put(k, msgpack.packb([n + hits.get(k, 0), self.run]), db=self.used)
+                return
+            except lmdb.MapFullError:
+                # grow from a quiescent point: our transaction is aborted, none is open
+                env.set_mapsize(env.info()["map_size"] * 2)
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)
+            except lmdb.DiskError as e:
+                raise StoreError(f"store {self.path}: the disk refused the write ({e}); "
+                                 f"earlier results are intact. Free some space.") from None
+            except lmdb.ReadonlyError:
+                raise StoreError(f"store {self.path} is read-only") from None
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise StoreError(f"store {self.path}: no space left on the device; earlier "
+                                     f"results are intact. Free some space.") from None
+                raise StoreError(f"store {self.path}: write failed: {e}") from None
+            except lmdb.Error as e:
+                if "No space" in str(e) or "MDB_MAP_FULL" in str(e):
+                    raise StoreError(f"store {self.path}: no space left for the write; "
+                                     f"earlier results are intact. Free some space.") from None
+                raise StoreError(f"store {self.path}: write failed: {e}") from None
+        raise StoreError(f"store {self.path}: could not grow the map to fit the write")
+
+    def delete(self, keys: list[bytes]) -> int:
+        env = self._env()
+        n = 0
+        with env.begin(write=True) as txn:
+            for k in keys:
+                n += bool(txn.delete(k, db=self.entries))
+                txn.delete(k, db=self.used)
+        return n
