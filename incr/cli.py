@@ -134,6 +134,154 @@ def demo(store: str | None = ".incr", as_json: bool = False, out=None) -> int:
     return 0
 
 
+def _open_store(path: str):
+    from incr.store import Store
+
+    return Store(path, count_run=False, create=False)
+
+
+def inspect_cmd(path: str, as_json: bool, out) -> int:
+    from incr.store import instances
+
+    store = _open_store(path)
+    try:
+        rows = instances(store)
+        runs = store.run
+    finally:
+        store.close()
+    if as_json:
+        json.dump({"store": path, "runs": runs, "instances": rows}, out, indent=2)
+        out.write("\n")
+        return 0
+    w = out.write
+    total = sum(r["bytes"] for r in rows)
+    w(f"{path}: {len(rows)} instances, {sum(r['traces'] for r in rows)} stored traces, "
+      f"{total} bytes, {runs} runs\n")
+    if not rows:
+        return 0
+    width = min(60, max(len(r["label"] or "?") for r in rows))
+    w(f"{'instance':<{width}}  {'traces':>6}  {'bytes':>9}  {'hits':>6}  {'last run':>8}\n")
+    for r in rows:
+        lab = (r["label"] or "(damaged)")[:width]
+        dmg = f"  ({r['damaged']} damaged)" if r["damaged"] else ""
+        w(f"{lab:<{width}}  {r['traces']:>6}  {r['bytes']:>9}  {r['hits']:>6}  "
+          f"{r['last_run']:>8}{dmg}\n")
+    return 0
+
+
+def _dot(nodes: dict, edges: list) -> str:
+    lines = ["digraph incr {", "  rankdir=LR;", '  node [fontname="Helvetica"];']
+    for nid, n in sorted(nodes.items()):
+        shape = "box" if n["kind"] == "input" else "ellipse"
+        lab = n["label"].replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'  {nid} [label="{lab}", shape={shape}];')
+    for a, b in edges:
+        lines.append(f"  {a} -> {b};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _html(nodes: dict, edges: list, title: str) -> str:
+    import html
+
+    # layered layout: an input sits in layer 0, an instance one right of its deepest dependency
+    deps: dict[str, list[str]] = {n: [] for n in nodes}
+    for a, b in edges:
+        deps[b].append(a)
+    layer: dict[str, int] = {}
+    for start in nodes:
+        stack = [start]
+        while stack:
+            n = stack[-1]
+            if n in layer:
+                stack.pop()
+                continue
+            pending = [d for d in deps[n] if d not in layer]
+            if pending:
+                stack.extend(p for p in pending if p not in stack)
+                if all(p in stack for p in pending) and any(p in stack[:-1] for p in pending):
+                    layer[n] = 0  # a cycle in a damaged trace: place it and move on
+                    stack.pop()
+                continue
+            layer[n] = 1 + max((layer[d] for d in deps[n]), default=-1)
+            stack.pop()
+    cols: dict[int, list[str]] = {}
+    for n in sorted(nodes, key=lambda n: nodes[n]["label"]):
+        cols.setdefault(layer[n], []).append(n)
+    pos = {}
+    for c, ns in cols.items():
+        for r, n in enumerate(ns):
+            pos[n] = (40 + c * 220, 40 + r * 50)
+    wdt = 260 + 220 * max(cols, default=0)
+    hgt = 80 + 50 * max((len(v) for v in cols.values()), default=1)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{wdt}" height="{hgt}">',
+             '<defs><marker id="a" markerWidth="8" markerHeight="8" refX="8" refY="4" '
+             'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker></defs>']
+    for a, b in edges:
+        (x1, y1), (x2, y2) = pos[a], pos[b]
+        parts.append(f'<line x1="{x1 + 170}" y1="{y1 + 15}" x2="{x2}" y2="{y2 + 15}" '
+                     f'stroke="#999" marker-end="url(#a)"/>')
+    for n, (x, y) in pos.items():
+        kind = nodes[n]["kind"]
+        fill = "#fde9c8" if kind == "input" else "#dbe9fb"
+        lab = html.escape(nodes[n]["label"][:28])
+        full = html.escape(nodes[n]["label"])
+        parts.append(f'<g><title>{full}</title><rect x="{x}" y="{y}" width="170" height="30" '
+                     f'rx="{2 if kind == "input" else 12}" fill="{fill}" stroke="#557"/>'
+                     f'<text x="{x + 8}" y="{y + 20}" font-family="Helvetica,Arial" '
+                     f'font-size="12">{lab}</text></g>')
+    parts.append("</svg>")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>incr trace: "
+            f"{html.escape(title)}</title></head><body style='font-family:Helvetica,Arial'>"
+            f"<h1>incr trace</h1><p>{html.escape(title)}: {sum(1 for n in nodes.values() if n['kind'] == 'cell')} "
+            f"instances, {sum(1 for n in nodes.values() if n['kind'] == 'input')} inputs, "
+            f"{len(edges)} dependencies. Inputs are orange; arrows point from what was read "
+            f"to the instance that read it.</p>" + "".join(parts) + "</body></html>\n")
+
+
+def graph_cmd(path: str, fmt: str, output: str | None, out) -> int:
+    from incr.store import trace
+
+    store = _open_store(path)
+    try:
+        nodes, edges = trace(store)
+    finally:
+        store.close()
+    if fmt == "json":
+        text = json.dumps({"nodes": nodes, "edges": edges}, indent=2) + "\n"
+    elif fmt == "html":
+        text = _html(nodes, edges, path)
+    else:
+        text = _dot(nodes, edges)
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+        out.write(f"wrote {output} ({len(nodes)} nodes, {len(edges)} edges)\n")
+    else:
+        out.write(text)
+    return 0
+
+
+def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_json: bool,
+           out) -> int:
+    from incr.store import collect
+
+    store = _open_store(path)
+    try:
+        result = collect(store, keep_runs=keep_runs, max_bytes=max_bytes, dry_run=dry_run)
+    finally:
+        store.close()
+    if as_json:
+        json.dump(result, out, indent=2)
+        out.write("\n")
+        return 0
+    verb = "would drop" if dry_run else "dropped"
+    out.write(f"{path}: {verb} {result['dropped']} of {result['entries']} entries "
+              f"({result['bytes_freed']} bytes); kept {result['kept']} reachable from the "
+              f"latest {keep_runs} run(s)\n")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="incr", description="incremental computation for Python")
     parser.add_argument("--version", action="version", version=f"incr {incr.__version__}")
@@ -143,9 +291,39 @@ def main(argv=None) -> int:
     p_demo.add_argument("--store", default=".incr", metavar="PATH",
                         help="the LMDB store to use (default: ./.incr)")
     p_demo.add_argument("--memory", action="store_true", help="keep everything in memory")
+    p_insp = sub.add_parser("inspect", help="list the instances a store holds")
+    p_insp.add_argument("store", metavar="STORE")
+    p_insp.add_argument("--json", action="store_true")
+    p_graph = sub.add_parser("graph", help="draw the stored trace (DOT, HTML or JSON)")
+    p_graph.add_argument("store", metavar="STORE")
+    p_graph.add_argument("--format", choices=("dot", "html", "json"), default="dot")
+    p_graph.add_argument("--json", action="store_true", help="same as --format json")
+    p_graph.add_argument("-o", "--output", metavar="FILE", help="write to FILE")
+    p_gc = sub.add_parser("gc", help="drop entries the latest runs cannot reach")
+    p_gc.add_argument("store", metavar="STORE")
+    p_gc.add_argument("--keep-runs", type=int, default=1, metavar="N",
+                      help="entries used by the latest N runs are roots (default 1)")
+    p_gc.add_argument("--max-bytes", type=int, default=None, metavar="B",
+                      help="then drop least recently used entries until under B bytes")
+    p_gc.add_argument("--dry-run", action="store_true")
+    p_gc.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return demo(store=None if args.memory else args.store, as_json=args.json)
+    out = sys.stdout
+    try:
+        if args.command == "demo":
+            return demo(store=None if args.memory else args.store, as_json=args.json)
+        if args.command == "inspect":
+            return inspect_cmd(args.store, args.json, out)
+        if args.command == "graph":
+            return graph_cmd(args.store, "json" if args.json else args.format, args.output, out)
+        if args.command == "gc":
+            if args.keep_runs < 1:
+                parser.error("--keep-runs must be at least 1")
+            return gc_cmd(args.store, args.keep_runs, args.max_bytes, args.dry_run, args.json,
+                          out)
+    except incr.StoreError as e:
+        print(f"incr {args.command}: {e}", file=sys.stderr)
+        return 1
     parser.print_help()
     return 2
 

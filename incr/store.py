@@ -118,9 +118,13 @@ def _fs_type(path: str) -> str | None:
 class Store:
     """An open LMDB store. One per runtime; reopened transparently after ``fork()``."""
 
-    def __init__(self, path: Any, *, max_bytes: int | None = None):
+    def __init__(self, path: Any, *, max_bytes: int | None = None, count_run: bool = True,
+                 create: bool = True):
         self.path = os.path.abspath(os.fspath(path))
         self.max_bytes = max_bytes
+        self.count_run = count_run
+        if not create and not os.path.isdir(self.path):
+            raise StoreError(f"there is no incr store at {self.path}")
         self.pending: dict[bytes, bytes] = {}
         self.hits: dict[bytes, int] = {}
         self.warned = False
@@ -178,8 +182,10 @@ class Store:
                     raise StoreError(
                         f"store {path} has format {fmt[:20]!r}; this version of incr reads "
                         f"format {FORMAT}. Use another directory, or delete this one.")
-                run = int(txn.get(b"runs", b"0", db=self.meta)) + 1
-                txn.put(b"runs", str(run).encode(), db=self.meta)
+                run = int(txn.get(b"runs", b"0", db=self.meta))
+                if self.count_run:
+                    run += 1
+                    txn.put(b"runs", str(run).encode(), db=self.meta)
             self.run = run
         except StoreError:
             self.env.close()
@@ -200,6 +206,11 @@ class Store:
 
     def close(self) -> None:
         if getattr(self, "env", None) is not None and os.getpid() == self.pid:
+            if self.max_bytes is not None and self.count_run:
+                try:
+                    collect(self, keep_runs=None, max_bytes=self.max_bytes)
+                except StoreError:
+                    pass
             self.env.close()
         self.env = None
 
@@ -320,3 +331,115 @@ class Store:
                 n += bool(txn.delete(k, db=self.entries))
                 txn.delete(k, db=self.used)
         return n
+
+
+# --- what the command line needs: summaries, the trace, garbage collection -------------------
+
+
+def _ikey_len(key: bytes) -> int:
+    return 21 if key[:1] == b"b" else 17      # algorithm byte + digest (blake2b: 20, xxh3: 16)
+
+
+def instances(store: Store) -> list[dict]:
+    """One row per stored instance: cell, label, traces, bytes, hits, last run; damaged counted."""
+    usage = store.usage()
+    rows: dict[bytes, dict] = {}
+    for key, rec, size in store.iter_records():
+        ik = key[:_ikey_len(key)]
+        row = rows.setdefault(ik, {"key": ik.hex(), "cell": None, "label": None, "traces": 0,
+                                   "bytes": 0, "hits": 0, "last_run": 0, "damaged": 0})
+        row["bytes"] += size
+        hits, last = usage.get(key, (0, 0))
+        row["hits"] += hits
+        if rec is None:
+            row["damaged"] += 1
+            continue
+        row["traces"] += 1
+        row["cell"], row["label"] = rec["cell"], rec["label"]
+        row["last_run"] = max(row["last_run"], last, rec["run"])
+    return sorted(rows.values(), key=lambda r: (r["label"] or "", r["key"]))
+
+
+def trace(store: Store) -> tuple[dict, list]:
+    """The stored trace: nodes (id -> {label, kind}) and edges (dependency id, reader id),
+    using each instance's most recent record."""
+    latest: dict[bytes, dict] = {}
+    for key, rec, _size in store.iter_records():
+        if rec is None:
+            continue
+        ik = key[:_ikey_len(key)]
+        if ik not in latest or rec["run"] >= latest[ik]["run"]:
+            latest[ik] = rec
+    nodes: dict[str, dict] = {}
+    edges: list[tuple[str, str]] = []
+    ident_args = {}
+    for ik, rec in latest.items():
+        nid = "c" + ik.hex()[:16]
+        nodes[nid] = {"label": rec["label"], "kind": "cell", "cell": rec["cell"]}
+        ident_args[(rec["cell"], rec["args"])] = nid
+    for ik, rec in latest.items():
+        nid = "c" + ik.hex()[:16]
+        for kind, ref, _h in rec["deps"]:
+            if kind == "i":
+                src = "i" + ref
+                nodes.setdefault(src, {"label": ref, "kind": "input"})
+            else:
+                src = ident_args.get((ref[0], ref[1]))
+                if src is None:
+                    continue
+            edges.append((src, nid))
+    return nodes, edges
+
+
+def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = None,
+            dry_run: bool = False) -> dict:
+    """Drop entries not reachable from the latest ``keep_runs`` runs (None: keep all), then
+    least recently used ones while the entries take more than ``max_bytes``."""
+    usage = store.usage()
+    recs: dict[bytes, tuple[dict | None, int]] = {}
+    for key, rec, size in store.iter_records():
+        recs[key] = (rec, size)
+    last_of = {k: max(usage.get(k, (0, 0))[1], (r or {}).get("run", 0)) for k, (r, _) in recs.items()}
+    latest = max(last_of.values(), default=0)
+    drop: set[bytes] = {k for k, (r, _) in recs.items() if r is None}   # damaged: useless
+    if keep_runs is not None:
+        roots = [k for k, last in last_of.items() if last > latest - keep_runs and k not in drop]
+        by_instance: dict[bytes, list[bytes]] = {}
+        for k in recs:
+            by_instance.setdefault(k[:_ikey_len(k)], []).append(k)
+        keep: set[bytes] = set()
+        stack = list(roots)
+        from incr.keys import digest, encode
+        while stack:
+            k = stack.pop()
+            if k in keep:
+                continue
+            keep.add(k)
+            rec = recs[k][0]
+            algo = "blake2b" if k[:1] == b"b" else "xxh3_128"
+            for kind, ref, h in rec["deps"]:
+                if kind != "c":
+                    continue
+                try:
+                    ik = digest("cell", encode([ref[0], ref[1]]), algo)
+                except Exception:
+                    continue
+                for k2 in by_instance.get(ik, ()):
+                    r2 = recs[k2][0]
+                    if r2 is not None and r2["vh"] == h and k2 not in keep:
+                        stack.append(k2)
+        drop |= set(recs) - keep
+    if max_bytes is not None:
+        remaining = sorted((k for k in recs if k not in drop),
+                           key=lambda k: (last_of[k], usage.get(k, (0, 0))[0]))
+        total = sum(recs[k][1] for k in remaining)
+        for k in remaining:
+            if total <= max_bytes:
+                break
+            drop.add(k)
+            total -= recs[k][1]
+    freed = sum(recs[k][1] for k in drop)
+    if not dry_run and drop:
+        store.delete(sorted(drop))
+    return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
+            "bytes_freed": freed, "latest_run": latest}
