@@ -1,0 +1,108 @@
+"""The store commands: inspect, graph, gc — on a store written by a real run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import incr
+from incr.cli import main
+
+
+def run_cli(*args):
+    p = subprocess.run([sys.executable, "-m", "incr.cli", *args], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def define(x, strict=False):
+    """The same two cells (same qualified names and version) for every process of a test;
+    ``strict`` cells refuse to run, to prove values come from the store."""
+
+    @incr.cell(version="1")
+    def double(k):
+        assert not strict, "must come from the store"
+        return x.get() * 2 * k
+
+    @incr.cell(version="1")
+    def total():
+        assert not strict, "must come from the store"
+        return double(1) + double(2)
+
+    return double, total
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = str(tmp_path / "store")
+    rt = incr.Runtime(store=path)
+    x = rt.input("x", 1)
+    double, total = define(x)
+    with rt:
+        total()
+        x.set(2)
+        total()
+    rt.close()
+    return path
+
+
+def test_inspect_lists_instances_and_traces(store, capsys):
+    assert main(["inspect", store, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["label"]: r for r in data["instances"]}
+    assert set(rows) == {"total()", "double(1)", "double(2)"}
+    assert all(r["traces"] == 2 for r in rows.values()), "x=1 and x=2 are two stored traces"
+    assert all(r["bytes"] > 0 and r["damaged"] == 0 for r in rows.values())
+    assert main(["inspect", store]) == 0
+    text = capsys.readouterr().out
+    assert "3 instances, 6 stored traces" in text and "double(2)" in text
+
+
+def test_graph_dot_html_json(store, tmp_path, capsys):
+    assert main(["graph", store]) == 0
+    dot = capsys.readouterr().out
+    assert dot.startswith("digraph incr {") and dot.count("->") == 4  # x->double x2, double->total x2
+    assert 'label="x", shape=box' in dot
+    out = tmp_path / "trace.html"
+    assert main(["graph", store, "--format", "html", "-o", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and "<svg" in page and "total()" in page
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
+    assert main(["graph", store, "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)
+    labels = {n["label"] for n in g["nodes"].values()}
+    assert labels == {"x", "double(1)", "double(2)", "total()"}
+
+
+def test_gc_keeps_what_the_latest_run_reaches(store, tmp_path):
+    # a later run touches only the x=2 traces: the x=1 traces become unreachable
+    rt = incr.Runtime(store=store)
+    x = rt.input("x", 2)
+    double, total = define(x, strict=True)
+    with rt:
+        assert total() == 12
+    rt.close()
+    code, out, _ = run_cli("gc", store, "--dry-run", "--json")
+    assert code == 0 and json.loads(out) == {**json.loads(out), "dropped": 3, "kept": 3}
+    code, out, _ = run_cli("gc", store, "--json")
+    assert json.loads(out)["dropped"] == 3
+    code, out, _ = run_cli("inspect", store, "--json")
+    assert all(r["traces"] == 1 for r in json.loads(out)["instances"])
+    # what gc kept still serves a new process
+    rt = incr.Runtime(store=store)
+    x = rt.input("x", 2)
+    double, total = define(x, strict=True)
+    with rt:
+        assert total() == 12
+    rt.close()
+
+
+def test_gc_max_bytes_drops_least_recently_used(store):
+    code, out, _ = run_cli("gc", store, "--keep-runs", "5", "--max-bytes", "1", "--json")
+    assert code == 0 and json.loads(out)["kept"] == 0
+
+
+def test_missing_store_is_a_clear_error(tmp_path):
+    code, out, err = run_cli("inspect", str(tmp_path / "nope"))
+    assert code == 1 and "no incr store at" in err and str(tmp_path / "nope") in err
