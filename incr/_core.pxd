@@ -146,6 +146,7 @@ cdef class Runtime:
     cdef object demand(self, Instance n)
     cdef object ensure(self, Instance n)
     cdef bint run(self, Instance n) except -1
+    cdef void fail(self, Instance n, list reads, bint had, BaseException e, str where) except *
     cdef bint run_in_stack(self, Instance m, bint bottom) except -1
     cdef void rewire(self, Instance n, tuple old, list new)
     cdef void raise_ts(self, Instance n)

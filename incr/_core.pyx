@@ -990,7 +990,7 @@ cdef class Runtime:
             try:
                 p.args = _keys.encode(n.args)
                 p.ident = ident
-                p.ikey = _keys.digest("cell", _keys.encode([ident, p.args]), self.hash)
+                p.ikey = _keys.instance_key(ident, p.args, self.hash)
                 p.ok = True
             except TypeError as e:
                 _warn_once(n.cell, f"incr: arguments of {n.label()} cannot be stored ({e})")
@@ -1065,6 +1065,36 @@ cdef class Runtime:
             return False
         return True
 
+    cdef void fail(self, Instance n, list reads, bint had, BaseException e, str where) except *:
+        # A failed run keeps nothing: no value (a change, if it had one); the dependencies it
+        # read before failing stay as edges, so a reader that caught the exception is made
+        # stale when what caused it changes. The exception is kept for the rest of the pass.
+        cdef str chain
+        n.flags &= ~(F_RUNNING | F_HAS_VALUE | F_DIRTY)
+        self.rewire(n, n.deps, reads)
+        n.value = None
+        n.vhash = None
+        if had:  # losing a value is a change; failing again is not
+            n.changed_at = self.clock
+            n.changed_rev = self.revision
+        n.verified_at = self.clock
+        n.ran_rev = self.revision
+        n.last_action = A_FAILED
+        self.n_failed += 1
+        self.failed[n] = e
+        if n.observed_by is not None:
+            self.dirty_observed.append(n)
+        self.raise_ts(n)
+        if not getattr(e, "_incr_noted", False):
+            chain = " <- ".join([(<Frame>x).node.label() for x in reversed(self.frames)])
+            _add_note(e, f"incr: {where} {n.label()}" + (f", called from {chain}" if chain else ""))
+            try:
+                e._incr_noted = True
+            except Exception:
+                pass
+        if self.report_log is not None:
+            self.report_log.append((n.label(), A_FAILED))
+
     cdef bint run(self, Instance n) except -1:
         cdef Frame f
         cdef bint had = (n.flags & F_HAS_VALUE) != 0
@@ -1078,43 +1108,23 @@ cdef class Runtime:
             value = n.cell.invoke(n.args)
         except BaseException as e:
             self.frames.pop()
-            n.flags &= ~(F_RUNNING | F_HAS_VALUE | F_DIRTY)
-            self.rewire(n, n.deps, f.reads)
-            n.value = None
-            n.vhash = None
-            if had:  # losing a value is a change; failing again is not
-                n.changed_at = self.clock
-                n.changed_rev = self.revision
-            n.verified_at = self.clock
-            n.ran_rev = self.revision
-            n.last_action = A_FAILED
-            self.n_failed += 1
-            self.failed[n] = e
-            if n.observed_by is not None:
-                self.dirty_observed.append(n)
-            self.raise_ts(n)
-            if not getattr(e, "_incr_noted", False):
-                chain = " <- ".join([(<Frame>x).node.label() for x in reversed(self.frames)])
-                _add_note(e, f"incr: raised in cell {n.label()}"
-                             + (f", called from {chain}" if chain else ""))
-                try:
-                    e._incr_noted = True
-                except Exception:
-                    pass
-            if self.report_log is not None:
-                self.report_log.append((n.label(), A_FAILED))
+            self.fail(n, f.reads, had, e, "raised in cell")
             raise
         self.frames.pop()
         n.flags &= ~F_RUNNING
-        self.rewire(n, n.deps, f.reads)
         same = False
         if had:
-            if n.cell.cutoff_kind == C_EQUAL:
-                same = _same_value(n.value, value)
-            elif n.cell.cutoff_kind == C_IDENTITY:
-                same = n.value is value
-            elif n.cell.cutoff_kind == C_CALLABLE:
-                same = bool(n.cell.cutoff(n.value, value))
+            try:
+                if n.cell.cutoff_kind == C_EQUAL:
+                    same = _same_value(n.value, value)
+                elif n.cell.cutoff_kind == C_IDENTITY:
+                    same = n.value is value
+                elif n.cell.cutoff_kind == C_CALLABLE:
+                    same = bool(n.cell.cutoff(n.value, value))
+            except BaseException as e:
+                self.fail(n, f.reads, had, e, "raised in the cutoff of cell")
+                raise
+        self.rewire(n, n.deps, f.reads)
         if not same:
             n.vhash = None
         if same:
@@ -1137,7 +1147,10 @@ cdef class Runtime:
         n.flags = (n.flags | F_HAS_VALUE) & ~F_DIRTY
         self.raise_ts(n)
         if self.store is not None:
-            self.record(n)
+            try:
+                self.record(n)
+            except Exception as e:  # persistence is best effort: the value stays in memory
+                _warn_once(n.cell, f"incr: {n.label()} could not be stored ({e!r})")
         if self.report_log is not None:
             self.report_log.append((n.label(), n.last_action))
         return True
@@ -1206,6 +1219,9 @@ cdef class Runtime:
             raise ReentrancyError(self._reentrancy(f"set input {inp.name!r}"))
         if self.stabilizing:
             raise ReentrancyError(self._reentrancy(f"set input {inp.name!r}"))
+        cur = get_value(_active)
+        if cur is not None and cur is not self and (<Runtime>cur).frames:
+            raise ReentrancyError((<Runtime>cur)._reentrancy(f"set input {inp.name!r}"))
         if _same_value(inp.value, value):
             return
         inp.value = value

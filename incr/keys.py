@@ -150,6 +150,22 @@ DOMAINS = {"input": b"I", "cell": b"C", "value": b"V", "llm": b"L", "validator":
 ALGORITHMS = {"xxh3_128": b"x", "blake2b": b"b"}
 
 
+import threading as _threading
+
+_local = _threading.local()          # one reusable Packer per thread (a Packer is not reentrant)
+
+
+def _simple_packer() -> Any:
+    p = getattr(_local, "packer", None)
+    if p is None:
+        p = _local.packer = _msgpack.Packer(use_bin_type=True, strict_types=True,
+                                             use_single_float=False, autoreset=True)
+    return p
+
+
+_SIMPLE_SET = frozenset((int, str, bytes, type(None), bool))
+
+
 class DecodeError(ValueError):
     """Bytes that are not a canonical encoding this version of incr can read."""
 
@@ -192,8 +208,22 @@ def _prepare(v: Any) -> Any:
 
 
 def _pack(v: Any) -> bytes:
+    t = type(v)
+    if t in _SIMPLE_SET:
+        return _simple_packer().pack(v)
+    if t is tuple and all(type(x) in _SIMPLE_SET for x in v):
+        # the common argument tuple: no normalization needed, one ext wrapper
+        p = _simple_packer()
+        return p.pack(_msgpack.ExtType(EXT_TUPLE, p.pack(list(v))))
+    # the general path may recurse through _default: a fresh packer each time
     return _msgpack.packb(_prepare(v), use_bin_type=True, strict_types=True,
                           default=_default, use_single_float=False)
+
+
+def instance_key(ident: str, args: bytes, algorithm: str) -> bytes:
+    """The key of one instance: its cell's identity and its canonical arguments."""
+    b = ident.encode()
+    return digest("cell", len(b).to_bytes(4, "big") + b + args, algorithm)
 
 
 def encode(value: Any, what: str = "value") -> bytes:
@@ -325,10 +355,15 @@ _by_name: dict[str, list] = {}        # cell name -> weak references to the live
 _index: dict[str, dict[str, list]] = {}   # cell name -> identity -> live cells (built lazily)
 
 
+_resolved: dict[str, Any] = {}       # identity -> cell, cache of cell_for (cleared on register)
+
+
 def register_cell(cell: Any) -> None:
     """Called for every new cell: lets ``cell_for`` find it by identity later. O(1)."""
     _by_name.setdefault(cell.name, []).append(_weakref.ref(cell))
     _index.pop(cell.name, None)
+    if _resolved:
+        _resolved.clear()
 
 
 def _shallow(cell: Any) -> bytes:
@@ -407,6 +442,13 @@ def cell_identity(cell: Any) -> str | None:
 
 def cell_for(ident: str) -> Any:
     """The live cell with identity ``ident`` (the newest, when the identity is exact), or None."""
+    c = _resolved.get(ident)
+    if c is None:
+        c = _resolved[ident] = _cell_for(ident)
+    return c
+
+
+def _cell_for(ident: str) -> Any:
     name = ident.rsplit("@", 1)[0]
     live = [r() for r in _name_index(name).get(ident, ())]
     live = [c for c in live if c is not None]

@@ -83,14 +83,15 @@ def unpack_record(data: bytes) -> dict:
         if type(rec.get(k)) is not t:
             raise ValueError(f"field {k!r} missing or not {t.__name__}")
     for d in rec["deps"]:
-        if (type(d) is not list or len(d) != 3 or d[0] not in ("i", "c")
-                or type(d[2]) is not bytes):
+        if type(d) is not list or len(d) != 3 or type(d[2]) is not bytes:
             raise ValueError("malformed dependency")
-        if d[0] == "i" and type(d[1]) is not str:
+        kind, ref = d[0], d[1]
+        if kind == "c":
+            if type(ref) is not list or len(ref) != 2 or type(ref[0]) is not str \
+                    or type(ref[1]) is not bytes:
+                raise ValueError("malformed cell dependency")
+        elif kind != "i" or type(ref) is not str:
             raise ValueError("malformed input dependency")
-        if d[0] == "c" and not (type(d[1]) is list and len(d[1]) == 2
-                                and type(d[1][0]) is str and type(d[1][1]) is bytes):
-            raise ValueError("malformed cell dependency")
     return rec
 
 
@@ -127,7 +128,7 @@ class Store:
             raise StoreError(f"there is no incr store at {self.path}")
         self.pending: dict[bytes, bytes] = {}
         self.hits: dict[bytes, int] = {}
-        self.warned = False
+        self.reader = None               # a read transaction kept for one pass (end_pass)
         self._open()
 
     # -- opening --------------------------------------------------------------------------
@@ -171,7 +172,7 @@ class Store:
             self.meta = self.env.open_db(b"meta")
             self.entries = self.env.open_db(b"entries")
             self.used = self.env.open_db(b"used")
-            with self.env.begin(write=True) as txn:
+            with self._begin_open() as txn:
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt is None:
                     if txn.stat(self.entries)["entries"]:
@@ -197,14 +198,34 @@ class Store:
             self.env.close()
             raise StoreError(f"store {path} has a damaged meta record") from None
 
+    def _begin_open(self) -> lmdb.Transaction:
+        for _ in range(5):
+            try:
+                return self.env.begin(write=True)
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)
+        return self.env.begin(write=True)
+
     def _env(self) -> lmdb.Environment:
         if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
             self.pending.clear()
             self.hits.clear()
+            self.reader = None
             self._open()
         return self.env
 
+    def _begin(self, **kw: Any) -> lmdb.Transaction:
+        """A transaction; adopts a map another process grew (MapResizedError) and retries."""
+        env = self._env()
+        for _ in range(5):
+            try:
+                return env.begin(**kw)
+            except lmdb.MapResizedError:
+                env.set_mapsize(0)
+        return env.begin(**kw)
+
     def close(self) -> None:
+        self.end_pass()
         if getattr(self, "env", None) is not None and os.getpid() == self.pid:
             if self.max_bytes is not None and self.count_run:
                 try:
@@ -217,24 +238,28 @@ class Store:
     # -- reading --------------------------------------------------------------------------
 
     def candidates(self, ikey: bytes) -> list[tuple[bytes, dict]]:
-        """The sound records stored for the instance key ``ikey``, most recent run first."""
+        """The sound records stored for the instance key ``ikey``, most recent run first.
+
+        Uses one read transaction for the whole pass (see ``end_pass``)."""
         env = self._env()
         out = []
         damaged = []
         for _ in range(3):
             try:
-                with env.begin(db=self.entries, buffers=False) as txn:
-                    cur = txn.cursor()
-                    if cur.set_range(ikey):
-                        for k, v in cur:
-                            if not k.startswith(ikey):
-                                break
-                            try:
-                                out.append((k, unpack_record(v)))
-                            except ValueError as e:
-                                damaged.append((k, str(e)))
+                if self.reader is None:
+                    self.reader = self._begin(db=self.entries, buffers=False)
+                cur = self.reader.cursor()
+                if cur.set_range(ikey):
+                    for k, v in cur:
+                        if not k.startswith(ikey):
+                            break
+                        try:
+                            out.append((k, unpack_record(v)))
+                        except ValueError as e:
+                            damaged.append((k, str(e)))
                 break
             except lmdb.MapResizedError:
+                self.end_pass()
                 env.set_mapsize(0)
                 out.clear()
                 damaged.clear()
@@ -242,13 +267,22 @@ class Store:
             warnings.warn(
                 f"incr store {self.path}: damaged record {k.hex()[:16]}… ignored ({why}); "
                 f"the value will be recomputed", DamagedRecordWarning, stacklevel=4)
-        out.sort(key=lambda kv: -kv[1]["run"])
+        if len(out) > 1:
+            out.sort(key=lambda kv: -kv[1]["run"])
         return out
+
+    def end_pass(self) -> None:
+        """Close the pass's read transaction (before a commit, and at the end of a pass)."""
+        if self.reader is not None:
+            try:
+                self.reader.abort()
+            except lmdb.Error:
+                pass
+            self.reader = None
 
     def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
         """Every entry: (key, record or None if damaged, size in bytes)."""
-        env = self._env()
-        with env.begin(db=self.entries, buffers=False) as txn:
+        with self._begin(db=self.entries, buffers=False) as txn:
             for k, v in txn.cursor():
                 try:
                     rec = unpack_record(v)
@@ -258,9 +292,8 @@ class Store:
 
     def usage(self) -> dict[bytes, tuple[int, int]]:
         """Entry key -> (hits, last run that wrote or hit it)."""
-        env = self._env()
         out = {}
-        with env.begin(db=self.used, buffers=False) as txn:
+        with self._begin(db=self.used, buffers=False) as txn:
             for k, v in txn.cursor():
                 try:
                     hits, last = msgpack.unpackb(v)
@@ -280,6 +313,7 @@ class Store:
     def commit(self) -> None:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
         earlier commits intact) if the disk is full or the store refuses the write."""
+        self.end_pass()
         if not self.pending and not self.hits:
             return
         env = self._env()
@@ -324,9 +358,8 @@ class Store:
         raise StoreError(f"store {self.path}: could not grow the map to fit the write")
 
     def delete(self, keys: list[bytes]) -> int:
-        env = self._env()
         n = 0
-        with env.begin(write=True) as txn:
+        with self._begin(write=True) as txn:
             for k in keys:
                 n += bool(txn.delete(k, db=self.entries))
                 txn.delete(k, db=self.used)
