@@ -8,6 +8,9 @@ should have run. Every test that uses the ``rt`` fixture also has the trace inva
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import sys
 from collections import Counter
 
 import pytest
@@ -36,9 +39,15 @@ class Log:
         return Counter(self.take())
 
 
+def name(cell):
+    """The name incr shows for a cell: its qualname, without the ``outer.<locals>.`` prefix
+    a cell defined inside a function (as in these tests) carries."""
+    return cell.__qualname__.rsplit("<locals>.", 1)[-1]
+
+
 def label(cell, *args):
     """The label incr gives to the instance ``cell(*args)``: ``qualname(repr(arg), ...)``."""
-    return f"{cell.__qualname__}({', '.join(repr(a) for a in args)})"
+    return f"{name(cell)}({', '.join(repr(a) for a in args)})"
 
 
 @pytest.fixture
@@ -52,3 +61,40 @@ def rt():
     runtime = incr.Runtime()
     yield runtime
     runtime._check()
+
+
+_HANG_REPORT = {}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "hang_limit(seconds): end the run if this test takes longer (a hang guard)")
+    # pytest captures fd 2 while tests run; the hang report must reach the real stderr
+    try:
+        capman = config.pluginmanager.getplugin("capturemanager")
+        fd = capman._global_capturing.err.targetfd_save  # pytest internals, hence the fallback
+        _HANG_REPORT["file"] = os.fdopen(os.dup(fd), "w")
+    except Exception:
+        _HANG_REPORT["file"] = sys.__stderr__
+
+
+def pytest_unconfigure(config):
+    f = _HANG_REPORT.pop("file", None)
+    if f is not None and f is not sys.__stderr__:
+        f.close()
+
+
+@pytest.fixture(autouse=True)
+def _watchdog(request):
+    """Turn a hang into a failure. The engine runs its loops in C, where no signal reaches them,
+    so past the limit faulthandler prints every thread's stack (naming the test) and ends the
+    process. The limit is generous: it guards against hangs, it does not time anything."""
+    marker = request.node.get_closest_marker("hang_limit")
+    if marker is not None:
+        limit = marker.args[0]
+    else:
+        limit = 900 if request.node.get_closest_marker("slow") else 300
+    out = _HANG_REPORT.get("file") or sys.__stderr__
+    faulthandler.dump_traceback_later(limit, exit=True, file=out)
+    yield
+    faulthandler.cancel_dump_traceback_later()

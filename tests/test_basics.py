@@ -233,11 +233,6 @@ def test_close_makes_the_runtime_unusable(log):
     rt._check()
 
 
-def test_store_is_not_available_yet():
-    with pytest.raises(incr.IncrError):
-        incr.Runtime(store="x")
-
-
 def test_instances_lists_what_was_computed(rt):
     x = rt.input("x", 1)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import incr
+from conftest import label
 
 
 def make_sum(rt, log):
@@ -49,7 +50,7 @@ def test_batch_recomputes_once_through_stabilize(rt, log):
         b.set(5)
     report = rt.stabilize()
     assert log.take() == ["total"]
-    assert report.recomputed == [f"{total.__qualname__}()"]
+    assert report.recomputed == [label(total)]
     assert report.revision == 1
     assert seen == [12]
 
@@ -121,3 +122,20 @@ def test_exception_inside_a_batch_keeps_earlier_sets_as_one_revision(rt, log):
         assert rt.revision == 3
         assert total() == 35
         assert log.take() == ["total"]
+
+
+def test_demand_inside_a_batch_sees_the_sets_made_so_far(rt, log):
+    # the revision does not move between sets of one batch, yet a later set must still make
+    # what was computed earlier in the batch stale
+    a, b, c, total = make_sum(rt, log)
+    with rt:
+        total()
+        log.take()
+        with rt.batch():
+            a.set(10)
+            assert total() == 15
+            b.set(20)
+            assert total() == 33
+            assert rt.revision == 1
+        assert total() == 33
+        assert log.take() == ["total", "total"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import incr
+from conftest import label
 
 
 def test_equal_is_the_default_and_stops_downstream(rt, log):
@@ -231,8 +232,8 @@ def test_cutoff_reported_by_explain_and_stabilize(rt, log):
     x.set(3)
     report = rt.stabilize()
     assert log.take() == ["parity"]
-    assert report.recomputed == [f"{parity.__qualname__}()"]
-    assert report.cutoff == [f"{parity.__qualname__}()"]
+    assert report.recomputed == [label(parity)]
+    assert report.cutoff == [label(parity)]
     assert report.reused == 1  # word() was verified without running
     text = rt.explain(parity)
     assert "cutoff" in text
@@ -247,3 +248,42 @@ def test_bad_cutoff_is_a_type_error():
         @incr.cell(cutoff="sometimes")
         def f():
             return 1
+
+
+@pytest.mark.hang_limit(30)
+def test_a_cutoff_callable_that_raises_never_hangs_the_runtime(rt, log):
+    # The contract does not say whether a raising cutoff means "changed" or reaches the caller
+    # like an exception of the cell; either is accepted. A hang or a broken trace is not.
+    x = rt.input("x", 1)
+
+    def broken(old, new):
+        raise ValueError("cutoff broke")
+
+    @incr.cell(cutoff=broken)
+    def reading():
+        log("reading")
+        return x.get()
+
+    @incr.cell
+    def user():
+        log("user")
+        return reading() + 1
+
+    with rt:
+        assert user() == 2
+        log.take()
+        x.set(2)
+        try:
+            result = user()
+        except ValueError as e:
+            assert str(e) == "cutoff broke"
+        else:
+            assert result == 3
+        assert log.counts()["reading"] == 1
+        rt._check()
+        x.set(3)
+        try:
+            assert user() == 4
+        except ValueError:
+            pass
+        rt._check()

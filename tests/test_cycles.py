@@ -8,6 +8,9 @@ import pytest
 import incr
 from conftest import label
 
+# a cycle must end in CycleError, never in a hang: fail fast if it does not
+pytestmark = pytest.mark.hang_limit(30)
+
 
 def test_cycle_error_is_an_incr_error():
     assert issubclass(incr.CycleError, incr.IncrError)

@@ -1,0 +1,74 @@
+"""The package as users meet it: the public names, and a clear error without the compiled core."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import incr
+
+PUBLIC = {
+    "Runtime", "Input", "Observer", "Stabilization", "Cell", "cell", "current",
+    "EQUAL", "IDENTITY", "NEVER", "register_type",
+    "IncrError", "CycleError", "ReentrancyError", "StoreError", "NotPersistableWarning",
+}
+
+
+def test_all_names_exist():
+    assert len(incr.__all__) == len(set(incr.__all__))
+    for name in incr.__all__:
+        assert hasattr(incr, name), name
+
+
+def test_the_contracts_names_are_public():
+    missing = PUBLIC - set(incr.__all__)
+    assert not missing, missing
+
+
+def test_error_hierarchy():
+    for cls in (incr.CycleError, incr.ReentrancyError, incr.StoreError):
+        assert issubclass(cls, incr.IncrError)
+    assert issubclass(incr.IncrError, Exception)
+    assert issubclass(incr.NotPersistableWarning, Warning)
+    e = incr.CycleError(["a()", "b()", "a()"])
+    assert e.cycle == ["a()", "b()", "a()"]
+    assert "a()" in str(e) and "b()" in str(e)
+
+
+def test_import_without_the_compiled_core_says_so(tmp_path):
+    src = Path(incr.__file__).parent
+    copy = tmp_path / "incr"
+    copy.mkdir()
+    for f in src.glob("*.py"):
+        shutil.copy(f, copy / f.name)
+    assert not list(copy.glob("_core*"))
+    code = textwrap.dedent(f"""
+        import importlib.util, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        print("origin:", importlib.util.find_spec("incr").origin)
+        try:
+            import incr
+        except ImportError as e:
+            print("ImportError:", e)
+        else:
+            print("imported", incr.__file__)
+    """)
+    # -S: no site-packages, so the editable install of the real package cannot supply _core
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"origin: {copy / '__init__.py'}"
+    assert lines[1].startswith("ImportError:"), out.stdout
+    message = lines[1].lower()
+    assert "compiled" in message
+    assert "missing" in message
+    assert "incr._core" in lines[1]
+
+
+def test_version_and_docstring():
+    assert isinstance(incr.__version__, str)
+    assert incr.__doc__ and ">>> import incr" in incr.__doc__
