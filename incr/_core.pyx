@@ -974,10 +974,19 @@ cdef class Runtime:
                 key = normalize_args(c.qualname_label, c.param_names, args)
             except TypeError:
                 return None
-        n = table.get(key)
-        if n is None:
-            n = Instance(c, args, self)
-            table[key] = n
+        obj = table.get(key)
+        if obj is None:
+            obj = Instance(c, args, self)
+            table[key] = obj
+        cdef Instance n = <Instance>obj
+        if n.persist is None and _keys.cell_identity(c) == ident:
+            # its persistent identity is the reference we resolved: no need to re-encode
+            p = Persist()
+            p.ident = ident
+            p.args = args_b
+            p.ikey = _keys.instance_key(ident, args_b, self.hash)
+            p.ok = True
+            n.persist = p
         return n
 
     cdef Persist persist_of(self, Instance n):

@@ -190,18 +190,26 @@ def _frame(b: bytes) -> bytes:
     return len(b).to_bytes(4, "big") + b
 
 
-def _prepare(v: Any) -> Any:
+MAX_DEPTH = 64      # nesting beyond this is not encoded (TypeError) nor decoded (DecodeError):
+                    # the C encoder and decoder recurse, and a deep value must not crash them
+
+
+def _prepare(v: Any, depth: int = 0) -> Any:
     # sort dict keys, canonicalize floats; containers are rebuilt (same types)
     t = type(v)
-    if t is dict:
-        for k in v:
-            if type(k) is not str:
-                raise _Unencodable(f"key {k!r}", k)
-        return {k: _prepare(v[k]) for k in sorted(v)}
-    if t is list:
-        return [_prepare(x) for x in v]
-    if t is tuple:
-        return tuple(_prepare(x) for x in v)
+    if t is dict or t is list or t is tuple or t is frozenset:
+        if depth >= MAX_DEPTH:
+            raise _Unencodable(f"value nested deeper than {MAX_DEPTH} levels", v)
+        if t is dict:
+            for k in v:
+                if type(k) is not str:
+                    raise _Unencodable(f"key {k!r}", k)
+            return {k: _prepare(v[k], depth + 1) for k in sorted(v)}
+        if t is list:
+            return [_prepare(x, depth + 1) for x in v]
+        if t is tuple:
+            return tuple(_prepare(x, depth + 1) for x in v)
+        return frozenset(_prepare(x, depth + 1) for x in v)
     if t is float and v != v:
         return _NAN
     return v
@@ -241,6 +249,17 @@ def encode(value: Any, what: str = "value") -> bytes:
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
+    depth = getattr(_local, "depth", 0)
+    if depth >= MAX_DEPTH:
+        raise DecodeError(f"value nested deeper than {MAX_DEPTH} levels")
+    _local.depth = depth + 1
+    try:
+        return _ext_value(code, data)
+    finally:
+        _local.depth = depth
+
+
+def _ext_value(code: int, data: bytes) -> Any:
     if code == EXT_TUPLE:
         v = _unpack(data)
         if type(v) is not list:

@@ -45,6 +45,15 @@ NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glus
               "fuse.sshfs", "lustre", "gpfs", "davfs", "ncpfs", "coda"}
 
 
+USAGE = struct.Struct(">QQ")       # hits, last run that wrote or took the entry
+
+
+def _usage(v: bytes | None) -> tuple[int, int]:
+    if v is None or len(v) != USAGE.size:
+        return 0, 0
+    return USAGE.unpack(v)
+
+
 class DamagedRecordWarning(UserWarning):
     """A stored record could not be read (damaged or foreign): it was treated as a miss."""
 
@@ -295,11 +304,7 @@ class Store:
         out = {}
         with self._begin(db=self.used, buffers=False) as txn:
             for k, v in txn.cursor():
-                try:
-                    hits, last = msgpack.unpackb(v)
-                    out[k] = (int(hits), int(last))
-                except Exception:
-                    continue
+                out[k] = _usage(v)
         return out
 
     # -- writing --------------------------------------------------------------------------
@@ -324,16 +329,11 @@ class Store:
                 with env.begin(write=True) as txn:
                     for k, v in pending.items():
                         txn.put(k, v, db=self.entries, overwrite=False)
-                    touched = set(pending) | set(hits)
+                    touched = set(pending)
+                    touched.update(hits)
                     for k in touched:
-                        old = txn.get(k, db=self.used)
-                        n = 0
-                        if old is not None:
-                            try:
-                                n = int(msgpack.unpackb(old)[0])
-                            except Exception:
-                                n = 0
-                        txn.put(k, msgpack.packb([n + hits.get(k, 0), self.run]), db=self.used)
+                        n = _usage(txn.get(k, db=self.used))[0] + hits.get(k, 0)
+                        txn.put(k, USAGE.pack(n, self.run), db=self.used)
                 return
             except lmdb.MapFullError:
                 # grow from a quiescent point: our transaction is aborted, none is open
