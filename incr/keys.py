@@ -300,14 +300,41 @@ class _InputRef(str):
     """An Input argument, decoded: the input's name (resolved by the runtime)."""
 
 
+def _str_keyed(pairs: list) -> dict:
+    for k, _ in pairs:
+        if type(k) is not str:
+            raise DecodeError(f"map key {k!r} is not a str")
+    return dict(pairs)
+
+
+# msgpack decodes its timestamp extension (type -1, the byte 0xff) itself, without asking
+# ext_hook; encode never produces one, so a value holding one is foreign.
+
+
+def _no_timestamps(v: Any) -> None:
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is list or t is tuple or t is frozenset:
+            stack.extend(x)
+        elif t is dict:
+            stack.extend(x.values())
+        elif t is _msgpack.Timestamp:
+            raise DecodeError("timestamp extension is not allowed")
+
+
 def _unpack(data: bytes) -> Any:
     try:
-        return _msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_ext_hook,
-                                use_list=True)
+        v = _msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_ext_hook,
+                             use_list=True, object_pairs_hook=_str_keyed)
     except DecodeError:
         raise
     except Exception as e:  # msgpack's own errors: ExtraData, FormatError, StackError, ...
         raise DecodeError(f"{type(e).__name__}: {e}") from None
+    if b"\xff" in data:  # only then can there be one: look for it
+        _no_timestamps(v)
+    return v
 
 
 def decode(data: bytes) -> Any:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import weakref
 import struct
 import time
 import warnings
@@ -76,6 +77,8 @@ def unpack_record(data: bytes) -> dict:
         raise ValueError("not an incr record")
     if fmt != FORMAT:
         raise ValueError(f"record format {fmt}, this incr reads {FORMAT}")
+    if kind != KIND_CELL:
+        raise ValueError(f"record kind {kind} is unknown")
     if length > MAX_RECORD or length != len(data) - HEADER.size:
         raise ValueError("length field does not match")
     body = bytes(data[HEADER.size:])
@@ -108,6 +111,34 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"extension type {code} in a record envelope")
 
 
+def _forget_inherited(env: Any) -> None:
+    """In a fork()ed child: release the parent's environment handle without touching the
+    parent. mdb_env_close in the child unmaps the child's copy and closes the child's
+    descriptors; it clears reader slots only for the child's own pid, and fcntl locks are not
+    inherited, so the parent's locks and readers are untouched. py-lmdb must forget the handle
+    too, or it refuses to open the same files again in this process."""
+    try:
+        env.close()
+    except Exception:
+        pass
+
+
+_live: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # forget every inherited environment at once, so that a child can open any store anew
+    # (its own Runtime on the same path, or the parent's Runtime, reopened on first use)
+    for s in list(_live):
+        env, s.env, s.reader = s.env, None, None
+        if env is not None:
+            _forget_inherited(env)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _fs_type(path: str) -> str | None:
     """The file-system type holding ``path``, from /proc/mounts (None if unknown)."""
     try:
@@ -138,6 +169,7 @@ class Store:
         self.pending: dict[bytes, bytes] = {}
         self.hits: dict[bytes, int] = {}
         self.reader = None               # a read transaction kept for one pass (end_pass)
+        self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
         self._open()
 
     # -- opening --------------------------------------------------------------------------
@@ -176,6 +208,7 @@ class Store:
         except lmdb.Error as e:
             raise StoreError(f"cannot open store {path}: {e}") from None
         self.pid = os.getpid()
+        _live.add(self)
         try:
             self.env.reader_check()
             self.meta = self.env.open_db(b"meta")
@@ -219,7 +252,10 @@ class Store:
         if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
             self.pending.clear()
             self.hits.clear()
+            self.damaged.clear()
             self.reader = None
+            if self.env is not None:
+                _forget_inherited(self.env)
             self._open()
         return self.env
 
@@ -273,6 +309,7 @@ class Store:
                 out.clear()
                 damaged.clear()
         for k, why in damaged:
+            self.damaged.add(k)
             warnings.warn(
                 f"incr store {self.path}: damaged record {k.hex()[:16]}… ignored ({why}); "
                 f"the value will be recomputed", DamagedRecordWarning, stacklevel=4)
@@ -319,14 +356,21 @@ class Store:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
         earlier commits intact) if the disk is full or the store refuses the write."""
         self.end_pass()
-        if not self.pending and not self.hits:
+        if not self.pending and not self.hits and not self.damaged:
             return
         env = self._env()
-        pending, hits = self.pending, self.hits
-        self.pending, self.hits = {}, {}
+        pending, hits, damaged = self.pending, self.hits, self.damaged
+        self.pending, self.hits, self.damaged = {}, {}, set()
         for _attempt in range(8):
             try:
                 with env.begin(write=True) as txn:
+                    for k in damaged:  # a damaged entry is dropped, so its recomputation lands
+                        v = txn.get(k, db=self.entries)
+                        if v is not None:
+                            try:
+                                unpack_record(v)
+                            except ValueError:
+                                txn.delete(k, db=self.entries)
                     for k, v in pending.items():
                         txn.put(k, v, db=self.entries, overwrite=False)
                     touched = set(pending)
