@@ -890,7 +890,9 @@ cdef class Runtime:
                 if d is None:
                     matched = False
                     break
-                if isinstance(d, Instance) and _needs_work(d):
+                if isinstance(d, Instance) and _needs_work(d) and not (
+                        not (d.flags & F_HAS_VALUE) and d in self.failed):
+                    # (an instance that failed in this pass is not pushed again: a mismatch)
                     if d.flags & (F_VERIFYING | F_RUNNING):
                         matched = False
                         break

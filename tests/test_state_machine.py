@@ -9,6 +9,8 @@ plain recursive evaluation of the same programs, checks what ran, and calls ``rt
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections import Counter
 
 import hypothesis.strategies as st
@@ -74,7 +76,7 @@ class EngineVsScratch(RuleBasedStateMachine):
     @initialize(progs=st.integers(1, MAX_CELLS).flatmap(programs),
                 values=st.lists(st.integers(0, 6), min_size=N_INPUTS, max_size=N_INPUTS))
     def build(self, progs, values):
-        self.rt = incr.Runtime()
+        self.rt = self.new_runtime()
         self.values = list(values)
         self.inputs = [self.rt.input(f"x{k}", v) for k, v in enumerate(values)]
         self.progs = progs
@@ -83,6 +85,9 @@ class EngineVsScratch(RuleBasedStateMachine):
         self.observers = {}
         for i, prog in enumerate(progs):
             self.cells.append(self._make_cell(i, prog))
+
+    def new_runtime(self):
+        return incr.Runtime()
 
     def _make_cell(self, i, prog):
         inputs, cells, ran = self.inputs, self.cells, self.ran
@@ -101,7 +106,10 @@ class EngineVsScratch(RuleBasedStateMachine):
             return evaluate(prog, read, arg)
 
         body.__qualname__ = f"c{i}"
-        return incr.cell(body)
+        return incr.cell(body, version=self.version_of(i, prog))
+
+    def version_of(self, i, prog):
+        return None
 
     # -- the oracle -------------------------------------------------------------------------
 
@@ -220,10 +228,54 @@ class EngineVsScratch(RuleBasedStateMachine):
             self.rt._check()
 
 
+class StoreEngineVsScratch(EngineVsScratch):
+    """The same machine on an LMDB store, with process restarts: a new runtime opens the
+    store, declares the inputs with their current values and defines the same cells; whatever
+    it takes from the store must equal from-scratch evaluation."""
+
+    def new_runtime(self):
+        if not hasattr(self, "path"):
+            self.tmp = tempfile.TemporaryDirectory()
+            self.path = os.path.join(self.tmp.name, "store")
+        return incr.Runtime(store=self.path)
+
+    def version_of(self, i, prog):
+        return repr(sorted(prog.items()))  # an exact identity: the program is the definition
+
+    @rule()
+    def restart(self):
+        for obs in self.observers.values():
+            obs.stop()
+        self.observers.clear()
+        self.rt.close()
+        self.rt = self.new_runtime()
+        self.inputs[:] = [self.rt.input(f"x{k}", v) for k, v in enumerate(self.values)]
+        self.cells[:] = [self._make_cell(i, prog) for i, prog in enumerate(self.progs)]
+        self.ran.clear()
+        for i in range(len(self.cells)):
+            self.engine(i, 0)
+        hits = self.rt.stats()["store_hits"]
+        assert hits + sum(self.ran.values()) >= 1
+
+    def teardown(self):
+        if hasattr(self, "rt"):
+            self.rt.close()
+        if hasattr(self, "tmp"):
+            self.tmp.cleanup()
+
+
 EngineVsScratch.TestCase.settings = settings(
-    max_examples=int(__import__("os").environ.get("INCR_SM_EXAMPLES", "150")),
+    max_examples=int(__import__("os").environ.get("INCR_SM_EXAMPLES", "300")),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestEngineVsScratch = EngineVsScratch.TestCase
+
+StoreEngineVsScratch.TestCase.settings = settings(
+    max_examples=int(__import__("os").environ.get("INCR_SM_STORE_EXAMPLES", "60")),
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestStoreEngineVsScratch = StoreEngineVsScratch.TestCase
