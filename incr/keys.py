@@ -460,10 +460,13 @@ def _name_index(name: str) -> dict[str, list]:
     idx = _index.get(name)
     if idx is None:
         idx = {}
-        refs = [r for r in _by_name.get(name, ()) if r() is not None]
+        refs = []
+        for r in _by_name.get(name, ()):
+            c = r()  # dereference once: the collector may clear a weak reference at any time
+            if c is not None:
+                refs.append(r)
+                idx.setdefault(_identity_of(c), []).append(r)
         _by_name[name] = refs
-        for r in refs:
-            idx.setdefault(_identity_of(r()), []).append(r)
         _index[name] = idx
     return idx
 
