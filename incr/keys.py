@@ -217,15 +217,35 @@ def _prepare(v: Any, depth: int = 0) -> Any:
 
 def _pack(v: Any) -> bytes:
     t = type(v)
-    if t in _SIMPLE_SET:
+    if t in _SIMPLE_SET or (t is float and v == v):
         return _simple_packer().pack(v)
-    if t is tuple and all(type(x) in _SIMPLE_SET for x in v):
-        # the common argument tuple: no normalization needed, one ext wrapper
-        p = _simple_packer()
-        return p.pack(_msgpack.ExtType(EXT_TUPLE, p.pack(list(v))))
+    if t is tuple:
+        for x in v:
+            tx = type(x)
+            if tx not in _SIMPLE_SET and not (tx is float and x == x):
+                break
+        else:  # the common argument tuple: no normalization needed, one ext wrapper
+            return _ext_bytes(EXT_TUPLE, _simple_packer().pack(list(v)))
     # the general path may recurse through _default: a fresh packer each time
     return _msgpack.packb(_prepare(v), use_bin_type=True, strict_types=True,
                           default=_default, use_single_float=False)
+
+
+_FIXEXT = {1: b"\xd4", 2: b"\xd5", 4: b"\xd6", 8: b"\xd7", 16: b"\xd8"}
+
+
+def _ext_bytes(code: int, data: bytes) -> bytes:
+    """msgpack's encoding of ExtType(code, data), byte for byte, without building one."""
+    n = len(data)
+    head = _FIXEXT.get(n)
+    if head is None:
+        if n < 256:
+            head = b"\xc7" + bytes((n,))
+        elif n < 65536:
+            head = b"\xc8" + n.to_bytes(2, "big")
+        else:
+            head = b"\xc9" + n.to_bytes(4, "big")
+    return head + bytes((code,)) + data
 
 
 def instance_key(ident: str, args: bytes, algorithm: str) -> bytes:

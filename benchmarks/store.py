@@ -1,0 +1,196 @@
+"""Store benchmarks: warm start, store hits against joblib.Memory, commit cost, key hashing.
+
+    python -m benchmarks.store            # full run (about two minutes)
+    python -m benchmarks.store --quick    # smaller sizes, seconds
+
+Warm start runs in fresh processes (the only honest way to measure it): one process computes
+N instances into a new store, a second one demands the same root and takes everything from
+the store. joblib.Memory is timed in the same run on the same machine, on its own hit path
+(a memoized function called with arguments whose result is already on disk). Prints a table
+and writes benchmarks/results-store.json. Never asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+WARM_PROGRAM = r'''
+import json, sys, time
+import incr
+path, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rt = incr.Runtime(store=None if mode == "memory" else path)
+x = rt.input("x", 3)
+
+@incr.cell(version="1")
+def leaf(i):
+    return x.get() + i
+
+@incr.cell(version="1")
+def group(g):
+    return sum(leaf(i) for i in range(g * 100, g * 100 + 100))
+
+@incr.cell(version="1")
+def root():
+    return sum(group(g) for g in range(n // 100))
+
+t = time.perf_counter()
+with rt:
+    value = root()
+seconds = time.perf_counter() - t
+t = time.perf_counter()
+rt.close()
+close_s = time.perf_counter() - t
+s = rt.stats()
+print(json.dumps({"seconds": seconds, "close": close_s, "value": value,
+                  "computed": s["computed"], "hits": s["store_hits"]}))
+'''
+
+
+def run_warm(n: int) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        prog = os.path.join(d, "warm.py")
+        Path(prog).write_text(WARM_PROGRAM)
+        store = os.path.join(d, "store")
+
+        def go(mode):
+            out = subprocess.run([sys.executable, prog, store, str(n), mode], check=True,
+                                 capture_output=True, text=True).stdout
+            return json.loads(out)
+
+        memory = go("memory")
+        cold = go("store")
+        warm = go("store")
+        size = sum(f.stat().st_size for f in Path(store).iterdir())
+    instances = warm["hits"]
+    return {"n": n, "instances": instances, "memory_s": memory["seconds"],
+            "cold_s": cold["seconds"], "warm_s": warm["seconds"],
+            "warm_per_s": instances / warm["seconds"], "store_bytes": size,
+            "agree": memory["value"] == cold["value"] == warm["value"],
+            "warm_ran": warm["computed"]}
+
+
+def joblib_hit(n: int) -> dict | None:
+    try:
+        import joblib
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        mem = joblib.Memory(d, verbose=0)
+
+        def leaf(x, i):
+            return x + i
+
+        f = mem.cache(leaf)
+        for i in range(n):
+            f(3, i)
+        t = time.perf_counter()
+        for i in range(n):
+            f(3, i)
+        seconds = time.perf_counter() - t
+    return {"version": joblib.__version__, "n": n, "per_hit_s": seconds / n}
+
+
+def commit_cost(size: int, steps: int) -> dict:
+    """Cost of one stabilization after one input change, with and without the store."""
+    import incr
+
+    out = {}
+    for mode in ("memory", "store"):
+        with tempfile.TemporaryDirectory() as d:
+            rt = incr.Runtime(store=None if mode == "memory" else os.path.join(d, "s"))
+            xs = [rt.input(f"x{i}", i) for i in range(size)]
+
+            @incr.cell(version="1")
+            def node(lo, hi):
+                if hi - lo == 1:
+                    return xs[lo].get()
+                mid = (lo + hi) // 2
+                return node(lo, mid) + node(mid, hi)
+
+            with rt:
+                rt.observe(node, 0, size)
+                times = []
+                for k in range(steps):
+                    xs[(k * 7919) % size].set(10_000 + k)
+                    t = time.perf_counter()
+                    rt.stabilize()
+                    times.append(time.perf_counter() - t)
+            rt.close()
+        out[mode] = statistics.median(times)
+    return {"size": size, "memory_s": out["memory"], "store_s": out["store"],
+            "commit_overhead_s": out["store"] - out["memory"]}
+
+
+def hashing(small: int, big_mb: int) -> list[dict]:
+    from incr import keys
+
+    rows = []
+    args = (12345, "customer-42", 3.5)
+    for algo in ("xxh3_128", "blake2b"):
+        t = time.perf_counter()
+        for _ in range(small):
+            keys.digest("cell", keys.encode(args), algo)
+        dt = time.perf_counter() - t
+        rows.append({"what": "small argument tuple", "algorithm": algo,
+                     "per_s": small / dt, "unit": "keys/s"})
+        blob = os.urandom(big_mb << 20)
+        reps = 5
+        t = time.perf_counter()
+        for _ in range(reps):
+            keys.digest("value", keys.encode(blob), algo)
+        dt = time.perf_counter() - t
+        rows.append({"what": f"{big_mb} MB bytes argument", "algorithm": algo,
+                     "per_s": reps * big_mb / dt, "unit": "MB/s"})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.store")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    n = 10_000 if a.quick else 100_000
+    warm = run_warm(n)
+    jl = joblib_hit(2_000 if a.quick else 20_000)
+    commit = commit_cost(1_000 if a.quick else 100_000, 20 if a.quick else 50)
+    hashes = hashing(20_000 if a.quick else 200_000, 10)
+    import incr
+
+    result = {"incr": incr.__version__, "python": sys.version.split()[0], "warm": warm,
+              "joblib": jl, "commit": commit, "hashing": hashes,
+              "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (HERE / ("results-store-quick.json" if a.quick else "results-store.json")).write_text(
+        json.dumps(result, indent=2) + "\n")
+    per_instance = warm["warm_s"] / max(warm["instances"], 1)
+    print(f"incr {incr.__version__}, Python {result['python']}"
+          + (f", joblib {jl['version']}" if jl else ", joblib not installed"))
+    print(f"warm start, {warm['instances']:,} instances from the store: "
+          f"{warm['warm_per_s']:,.0f} instances/s ({per_instance * 1e6:.1f} µs each); "
+          f"values agree: {warm['agree']}; functions run: {warm['warm_ran']}")
+    print(f"  first run with the store {warm['cold_s']:.2f} s, in memory {warm['memory_s']:.2f} s, "
+          f"warm {warm['warm_s']:.2f} s -> warm is {warm['cold_s'] / warm['warm_s']:.1f}x faster "
+          f"than computing into the store, {warm['memory_s'] / warm['warm_s']:.2f}x vs computing "
+          f"in memory; store size {warm['store_bytes'] / 1e6:.1f} MB")
+    if jl:
+        print(f"store hit vs joblib.Memory hit: {per_instance * 1e6:.1f} µs vs "
+              f"{jl['per_hit_s'] * 1e6:.1f} µs -> incr is {jl['per_hit_s'] / per_instance:.1f}x "
+              f"cheaper")
+    print(f"one change + stabilize over {commit['size']:,} inputs (tree sum): in memory "
+          f"{commit['memory_s'] * 1e6:.0f} µs, with the store {commit['store_s'] * 1e6:.0f} µs "
+          f"(commit and records: +{commit['commit_overhead_s'] * 1e6:.0f} µs)")
+    for h in hashes:
+        print(f"key hashing, {h['what']:<22} {h['algorithm']:<9} {h['per_s']:>14,.0f} {h['unit']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
