@@ -19,6 +19,7 @@ import sys
 import time
 
 import lmdb
+import lmdb.verify
 import pytest
 
 from incr.keys import decode
@@ -39,6 +40,8 @@ def _spawn(store, salt, *args):
 def _check_store(store):
     """Every record decodes and holds the value the model gives for its arguments and salt.
     Returns {salt: set of i whose work(i) is stored}."""
+    problems = lmdb.verify.verify(os.fspath(store))  # LMDB's own offline check of the file
+    assert problems == [], problems
     env = lmdb.open(os.fspath(store), max_dbs=4)
     try:
         st = env.stat()
