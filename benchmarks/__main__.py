@@ -125,7 +125,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
         key = (r["workload"], r["size"])
         mem = r["workload"] == "memory"
         if r.get("status") != "ok":
-            note = r.get("error", r.get("status", ""))
+            note = r.get("error", r.get("status", "")).split(":")[0]   # the full text is in the JSON
             out.append([r["workload"], f"{r['size']:,}", r["peer"], "failed"
                         if r.get("status") == "failed" else "skipped", "", "", note[:70]])
             continue
@@ -214,15 +214,14 @@ def targets(rows: list[dict]) -> list[dict]:
 def render_targets(ts: list[dict]) -> str:
     lines = []
     for t in ts:
-        if t["met"] is None:
-            verdict = "not measured in this run"
-        elif t["met"]:
+        if t["met"]:
             verdict = "MET"
         else:
             verdict = "MISSED"
         m = t["measured"]
         if m is None:
-            shown = ""
+            lines.append(f"  {'—':>8}  {t['target']}: goal {t['goal']}, not measured in this run")
+            continue
         elif "bytes" in t["target"]:
             shown = f"{m:.0f} B"
         elif "demand" in t["target"]:

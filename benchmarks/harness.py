@@ -99,6 +99,7 @@ def measure_time(mod, wl: Workload, cfg: Config, out: dict) -> dict:
         status="ok",
         per_op_s=statistics.median(times),
         per_unit_s=statistics.median(times) / wl.units_per_op,
+        min_op_s=min(times),
         ops_per_rep=k,
         reps=times,
     )
