@@ -320,17 +320,36 @@ cdef class Frame:
 
 
 class Stabilization:
-    """What one ``rt.stabilize()`` did."""
+    """What one ``rt.stabilize()`` did: ``recomputed`` (labels of the instances that ran, in
+    run order, cut off ones included), ``cutoff`` (those that ran to an equal value),
+    ``loaded`` (taken from the store), ``reused`` (count verified without running),
+    ``seconds`` and ``revision``. Labels are built when first read, not during the pass."""
 
-    __slots__ = ("recomputed", "cutoff", "reused", "seconds", "revision", "loaded")
+    __slots__ = ("_log", "_labels", "reused", "seconds", "revision")
 
-    def __init__(self, recomputed, cutoff, reused, seconds, revision, loaded=()):
-        self.recomputed = recomputed
-        self.cutoff = cutoff
+    def __init__(self, log, reused, seconds, revision):
+        self._log = log            # (instance, action) in run order
+        self._labels = None
         self.reused = reused
         self.seconds = seconds
         self.revision = revision
-        self.loaded = list(loaded)
+
+    def _of(self, want):
+        if self._labels is None:
+            self._labels = [((<Instance>n).label(), a) for n, a in self._log]
+        return [lab for lab, a in self._labels if want(a)]
+
+    @property
+    def recomputed(self):
+        return self._of(lambda a: a != A_LOADED)
+
+    @property
+    def cutoff(self):
+        return self._of(lambda a: a == A_CUTOFF)
+
+    @property
+    def loaded(self):
+        return self._of(lambda a: a == A_LOADED)
 
     def __repr__(self):
         return (f"Stabilization(revision={self.revision}, recomputed={self.recomputed!r}, "
@@ -570,14 +589,8 @@ cdef class Runtime:
                     o.seen_at = n.changed_at
                     for cb in list(o.callbacks):
                         cb(n.value)
-        report = Stabilization(
-            [lab for lab, act in log if act != A_LOADED],
-            [lab for lab, act in log if act == A_CUTOFF],
-            self.n_reused - reused0,
-            time.perf_counter() - t0,
-            self.revision,
-            [lab for lab, act in log if act == A_LOADED],
-        )
+        report = Stabilization(log, self.n_reused - reused0, time.perf_counter() - t0,
+                               self.revision)
         if errors:
             n, e = errors[0]
             _add_note(e, f"incr: raised while stabilizing the observed instance {n.label()}")
@@ -946,7 +959,7 @@ cdef class Runtime:
         self.n_store_hits += 1
         self.n_reused += 1
         if self.report_log is not None:
-            self.report_log.append((m.label(), A_LOADED))
+            self.report_log.append((m, A_LOADED))
 
     cdef Node resolve(self, list dep):
         # the node a stored dependency names in this process, or None
@@ -1104,7 +1117,7 @@ cdef class Runtime:
             except Exception:
                 pass
         if self.report_log is not None:
-            self.report_log.append((n.label(), A_FAILED))
+            self.report_log.append((n, A_FAILED))
 
     cdef bint run(self, Instance n) except -1:
         cdef Frame f
@@ -1163,7 +1176,7 @@ cdef class Runtime:
             except Exception as e:  # persistence is best effort: the value stays in memory
                 _warn_once(n.cell, f"incr: {n.label()} could not be stored ({e!r})")
         if self.report_log is not None:
-            self.report_log.append((n.label(), n.last_action))
+            self.report_log.append((n, n.last_action))
         return True
 
     cdef void rewire(self, Instance n, tuple old, list new):
@@ -1210,19 +1223,22 @@ cdef class Runtime:
                     stack.append(m)
 
     cdef void dirty_from(self, Node n):
+        # walked by index: a list used as a stack that empties and refills reallocates
         cdef Instance m
+        cdef Py_ssize_t i = 0
         if n.dependents is None:
             return
-        cdef list stack = list(n.dependents)
-        while stack:
-            m = <Instance>stack.pop()
+        cdef list todo = list(n.dependents)
+        while i < len(todo):
+            m = <Instance>todo[i]
+            i += 1
             if m.flags & F_DIRTY:
                 continue
             m.flags |= F_DIRTY
             if m.observed_by is not None:
                 self.dirty_observed.append(m)
             if m.dependents is not None:
-                stack.extend(m.dependents)
+                todo.extend(m.dependents)
 
     cdef void set_input(self, Input inp, object value) except *:
         self.check_usable()
