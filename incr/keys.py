@@ -361,7 +361,44 @@ def decode(data: bytes) -> Any:
     """Invert :func:`encode`. Raises :class:`DecodeError` (and nothing else) on bad bytes."""
     if type(data) is not bytes:
         data = bytes(data)
+    flat = _flat_tuple(data)
+    if flat is not None:
+        return flat
     return _unpack(data)
+
+
+_FLAT_HEADS = {0xd4: 1, 0xd5: 2, 0xd6: 4, 0xd7: 8, 0xd8: 16}
+
+
+def _flat_tuple(data: bytes) -> tuple | None:
+    """The common argument tuple (an EXT_TUPLE of str, int, float, bytes, bool, None), decoded
+    without hooks; None when ``data`` is anything else (the general decoder then decides)."""
+    if len(data) < 3:
+        return None
+    head = data[0]
+    n = _FLAT_HEADS.get(head)
+    if n is not None:
+        start = 1
+    elif head == 0xc7:
+        n, start = data[1], 2
+    else:
+        return None
+    if data[start] != EXT_TUPLE or len(data) != start + 1 + n:
+        return None
+    inner = data[start + 1:]
+    try:  # maps, extensions and timestamps decode to types refused below: no hooks needed
+        v = _msgpack.unpackb(inner, raw=False, use_list=True)
+    except Exception:
+        return None
+    if type(v) is not list:
+        return None
+    for x in v:
+        if type(x) not in _FLAT_TYPES:
+            return None
+    return tuple(v)
+
+
+_FLAT_TYPES = frozenset((int, str, bytes, float, bool, type(None)))
 
 
 def digest(domain: str, payload: bytes, algorithm: str = "xxh3_128") -> bytes:

@@ -81,7 +81,7 @@ def unpack_record(data: bytes) -> dict:
         raise ValueError(f"record kind {kind} is unknown")
     if length > MAX_RECORD or length != len(data) - HEADER.size:
         raise ValueError("length field does not match")
-    body = bytes(data[HEADER.size:])
+    body = memoryview(data)[HEADER.size:]
     if checksum(body) != crc:
         raise ValueError("checksum mismatch")
     try:
@@ -286,7 +286,7 @@ class Store:
         """The sound records stored for the instance key ``ikey``, most recent run first.
 
         Uses one read transaction for the whole pass (see ``end_pass``)."""
-        env = self._env()
+        env = self.env if self.reader is not None else self._env()
         out = []
         damaged = []
         for _ in range(3):
