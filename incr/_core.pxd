@@ -126,6 +126,7 @@ cdef class Runtime:
     cdef dict inputs                 # name -> Input
     cdef dict tables                 # Cell -> {argument key -> Instance}
     cdef list frames                 # running computations, innermost last
+    cdef unsigned long owner         # the thread that pushed the outermost frame
     cdef list dirty_observed         # observed instances made dirty since the last stabilize
     cdef dict failed                 # Instance -> exception, for the current pass only
     cdef int batch_depth

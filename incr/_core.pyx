@@ -22,6 +22,9 @@ import time
 
 from cpython.contextvars cimport get_value
 
+cdef extern from "pythread.h":
+    unsigned long PyThread_get_thread_ident()
+
 from incr.errors import CycleError, IncrError, NotPersistableWarning, ReentrancyError
 from incr.keys import normalize_args
 from incr import keys as _keys
@@ -725,7 +728,13 @@ cdef class Runtime:
             raise AssertionError("trace invariants broken:\n  " + "\n  ".join(problems))
         return True
 
+    def _other_thread(self):
+        return ("this incr.Runtime is computing in another thread; a runtime is used by one "
+                "thread at a time (give each thread its own runtime, or wait for it)")
+
     def _reentrancy(self, what):
+        if self.frames and PyThread_get_thread_ident() != self.owner:
+            return self._other_thread()
         if self.frames:
             return (f"cannot {what} from inside the running cell "
                     f"{(<Frame>self.frames[-1]).node.label()}; changes happen between "
@@ -754,6 +763,8 @@ cdef class Runtime:
     cdef object demand(self, Instance n):
         cdef Py_ssize_t i
         if self.frames:
+            if PyThread_get_thread_ident() != self.owner:
+                raise IncrError(self._other_thread())
             if not (n.flags & (F_RUNNING | F_VERIFYING)):
                 self.record_read(n)  # (an edge into a cycle is never recorded)
         elif not self.stabilizing:
@@ -1126,6 +1137,8 @@ cdef class Runtime:
         cdef bint same
         self.frame_ids += 1
         f = Frame(n, self.frame_ids)
+        if not self.frames:
+            self.owner = PyThread_get_thread_ident()
         self.frames.append(f)
         n.flags |= F_RUNNING
         try:
