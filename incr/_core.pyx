@@ -1136,7 +1136,10 @@ cdef class Runtime:
         cdef object value
         cdef bint same
         self.frame_ids += 1
-        f = Frame(n, self.frame_ids)
+        f = Frame.__new__(Frame)  # no __init__ argument parsing on the hot path
+        f.node = n
+        f.reads = []
+        f.id = self.frame_ids
         if not self.frames:
             self.owner = PyThread_get_thread_ident()
         self.frames.append(f)
