@@ -28,7 +28,7 @@ The contract is in the project's API.md; concepts are in docs/concepts.md.
 from __future__ import annotations
 
 try:
-    from incr import _core
+    from incr import _core  # noqa: F401 - fail here, loudly, if the core was not built
 except ImportError as e:  # pragma: no cover - only without a build
     raise ImportError(
         "incr's compiled core (incr._core) is missing or does not load: install incr with "

@@ -1,6 +1,5 @@
 # Typed stub of the compiled engine (incr/_core.pyx). Public names are re-exported by incr.
 from typing import Any, Callable, Generic, TypeVar, ParamSpec
-from contextvars import ContextVar
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -131,7 +131,6 @@ _BUILTIN = {type(None), bool, int, float, str, bytes, tuple, list, dict, frozens
 # stays distinct from 0.0, as in normalize), bool/int/float kept apart by msgpack itself.
 # decode() accepts only these extension codes and str map keys; anything else is an error.
 
-import math as _math
 import struct as _struct
 
 import msgpack as _msgpack
@@ -304,7 +303,7 @@ def _ext_value(code: int, data: bytes) -> Any:
         v = _unpack(data)
         if type(v) is not list or len(v) != 2 or type(v[0]) is not str:
             raise DecodeError("malformed registered-type extension")
-        for cls, (name, _enc, dec) in list(_registry.items()):
+        for name, _enc, dec in list(_registry.values()):
             if name == v[0]:
                 try:
                     return dec(v[1])
