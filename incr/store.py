@@ -371,13 +371,17 @@ class Store:
                                 unpack_record(v)
                             except ValueError:
                                 txn.delete(k, db=self.entries)
-                    for k, v in pending.items():
-                        txn.put(k, v, db=self.entries, overwrite=False)
+                    for k in sorted(pending):
+                        txn.put(k, pending[k], db=self.entries, overwrite=False)
                     touched = set(pending)
                     touched.update(hits)
-                    for k in touched:
-                        n = _usage(txn.get(k, db=self.used))[0] + hits.get(k, 0)
-                        txn.put(k, USAGE.pack(n, self.run), db=self.used)
+                    # in key order: one cursor walks the B-tree forward instead of seeking
+                    # from the root for every key
+                    cur = txn.cursor(db=self.used)
+                    run = self.run
+                    for k in sorted(touched):
+                        old = cur.get(k)
+                        cur.put(k, USAGE.pack(_usage(old)[0] + hits.get(k, 0), run))
                 return
             except lmdb.MapFullError:
                 # grow from a quiescent point: our transaction is aborted, none is open
