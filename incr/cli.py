@@ -189,6 +189,7 @@ def _html(nodes: dict, edges: list, title: str) -> str:
     for a, b in edges:
         deps[b].append(a)
     layer: dict[str, int] = {}
+    visiting: set[str] = set()
     for start in nodes:
         stack = [start]
         while stack:
@@ -196,14 +197,15 @@ def _html(nodes: dict, edges: list, title: str) -> str:
             if n in layer:
                 stack.pop()
                 continue
-            pending = [d for d in deps[n] if d not in layer]
+            visiting.add(n)
+            pending = [d for d in deps[n] if d not in layer and d not in visiting]
             if pending:
-                stack.extend(p for p in pending if p not in stack)
-                if all(p in stack for p in pending) and any(p in stack[:-1] for p in pending):
-                    layer[n] = 0  # a cycle in a damaged trace: place it and move on
-                    stack.pop()
+                stack.extend(pending)
                 continue
-            layer[n] = 1 + max((layer[d] for d in deps[n]), default=-1)
+            # every dependency is placed (one still being visited means a damaged, cyclic
+            # trace: it counts as layer 0 so the page still draws)
+            layer[n] = 1 + max((layer.get(d, 0) for d in deps[n]), default=-1)
+            visiting.discard(n)
             stack.pop()
     cols: dict[int, list[str]] = {}
     for n in sorted(nodes, key=lambda n: nodes[n]["label"]):

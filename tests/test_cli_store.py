@@ -69,6 +69,11 @@ def test_graph_dot_html_json(store, tmp_path, capsys):
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "<svg" in page and "total()" in page
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
+    # laid out in layers: what is read stands left of what reads it
+    import re
+    xs = {lab: int(x) for x, lab in re.findall(r'<rect x="(\d+)"[^>]*>.*?<text[^>]*>([^<]+)</text>',
+                                                 page)}
+    assert xs["x"] < xs["double(1)"] == xs["double(2)"] < xs["total()"]
     assert main(["graph", store, "--json"]) == 0
     g = json.loads(capsys.readouterr().out)
     labels = {n["label"] for n in g["nodes"].values()}
