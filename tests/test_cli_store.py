@@ -111,3 +111,28 @@ def test_gc_max_bytes_drops_least_recently_used(store):
 def test_missing_store_is_a_clear_error(tmp_path):
     code, out, err = run_cli("inspect", str(tmp_path / "nope"))
     assert code == 1 and "no incr store at" in err and str(tmp_path / "nope") in err
+
+
+def test_graph_html_layers_a_cell_reading_two_inputs(tmp_path):
+    import re
+
+    path = str(tmp_path / "s2")
+    rt = incr.Runtime(store=path)
+    a, b = rt.input("a", 1), rt.input("b", 2)
+
+    @incr.cell(version="1")
+    def both():
+        return a.get() + b.get()
+
+    @incr.cell(version="1")
+    def twice():
+        return both() * 2
+
+    with rt:
+        twice()
+    rt.close()
+    out = tmp_path / "g.html"
+    assert main(["graph", path, "--format", "html", "-o", str(out)]) == 0
+    xs = {lab: int(x) for x, lab in re.findall(
+        r'<rect x="(\d+)"[^>]*>.*?<text[^>]*>([^<]+)</text>', out.read_text())}
+    assert xs["a"] == xs["b"] < xs["both()"] < xs["twice()"]
