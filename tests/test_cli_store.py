@@ -136,3 +136,41 @@ def test_graph_html_layers_a_cell_reading_two_inputs(tmp_path):
     xs = {lab: int(x) for x, lab in re.findall(
         r'<rect x="(\d+)"[^>]*>.*?<text[^>]*>([^<]+)</text>', out.read_text())}
     assert xs["a"] == xs["b"] < xs["both()"] < xs["twice()"]
+
+
+def test_runtime_max_bytes_bounds_the_store_at_close(tmp_path):
+    from incr.store import Store, instances
+
+    path = str(tmp_path / "bounded")
+    rt = incr.Runtime(store=path, max_bytes=20_000)
+    x = rt.input("x", 1)
+
+    @incr.cell(version="1")
+    def blob(k):
+        return bytes(500) + bytes([k % 256]) * x.get()
+
+    with rt:
+        for k in range(100):       # about 60 kB of records
+            blob(k)
+    rt.close()
+    s = Store(path, count_run=False)
+    try:
+        rows = instances(s)
+    finally:
+        s.close()
+    total = sum(r["bytes"] for r in rows)
+    assert 0 < total <= 20_000 and 0 < len(rows) < 100
+    # what was kept still serves a new process without running
+    rt = incr.Runtime(store=path)
+    x = rt.input("x", 1)
+    kept = {r["label"] for r in rows}
+
+    @incr.cell(version="1")
+    def blob(k):  # noqa: F811 - the same cell, in "the next process"
+        raise AssertionError("must come from the store")
+
+    with rt:
+        for label in kept:
+            k = int(label[len("blob("):-1])
+            assert blob(k) == bytes(500) + bytes([k % 256])
+    rt.close()
