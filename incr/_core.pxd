@@ -93,6 +93,7 @@ cdef class Cell:
     cdef Runtime cached_rt           # the runtime whose table was looked up last
     cdef dict cached_table
 
+    cdef tuple bound(self, tuple args, dict kwargs)
     cdef tuple bind(self, tuple args, dict kwargs)
     cdef object invoke(self, tuple args)
 
@@ -143,6 +144,7 @@ cdef class Runtime:
     # counters for stats()
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 
+    cdef Instance lookup(self, Cell c, dict table, tuple bound, bint create)
     cdef dict table_for(self, Cell cell)
     cdef object demand(self, Instance n)
     cdef object ensure(self, Instance n)
@@ -160,6 +162,7 @@ cdef class Runtime:
     cdef void adopt(self, Instance m, bytes key, dict rec, list resolved) except *
     cdef Node resolve(self, list dep)
     cdef Persist persist_of(self, Instance n)
+    cdef Persist persist_with(self, str ident, bytes args)
     cdef object value_hash(self, Node n)
     cdef void record(self, Instance n) except *
     cdef void flush(self, bint quiet) except *

@@ -28,6 +28,7 @@ cdef extern from "pythread.h":
 from incr.errors import CycleError, IncrError, NotPersistableWarning, ReentrancyError
 from incr.keys import normalize_args
 from incr import keys as _keys
+from incr.store import DamagedRecordWarning, Store, pack_record
 import msgpack as _msgpack
 import warnings as _warnings
 
@@ -43,7 +44,7 @@ def current():
     """The active runtime: the innermost ``with rt:`` in this context, else the process-wide
     in-memory runtime (created on first use)."""
     global _default_runtime
-    rt = _active.get()
+    rt = get_value(_active)
     if rt is not None:
         return rt
     if _default_runtime is None:
@@ -124,7 +125,7 @@ cdef class Input(Node):
         if rt.frames:
             rt.record_read(self)
         else:
-            cur = _active.get()
+            cur = get_value(_active)
             if cur is not None and cur is not rt and cur.frames:
                 raise IncrError(
                     f"input {self.name!r} belongs to another runtime than the one running "
@@ -163,7 +164,7 @@ cdef class Instance(Node):
         self.last_action = A_NONE
 
     cdef str label(self):
-        return self.cell.qualname_label + "(" + ", ".join([repr(a) for a in self.args]) + ")"
+        return _label(self.cell, self.args)
 
     @property
     def label_text(self):
@@ -252,6 +253,12 @@ cdef class Cell:
     def _incr_is_cell(self):
         return True
 
+    cdef tuple bound(self, tuple args, dict kwargs):
+        # the canonical positional form of a call: defaults applied, keywords placed
+        if not kwargs and self.simple and len(args) == self.n_positional:
+            return args
+        return self.bind(args, kwargs)
+
     cdef tuple bind(self, tuple args, dict kwargs):
         if self.signature is None:
             if kwargs:
@@ -273,9 +280,6 @@ cdef class Cell:
     def __call__(self, *args, **kwargs):
         cdef Runtime rt = <Runtime>get_value(_active)
         cdef dict table
-        cdef tuple bound
-        cdef object key
-        cdef Instance n
         if rt is None:
             rt = <Runtime>current()
         if rt is self.cached_rt:
@@ -284,22 +288,14 @@ cdef class Cell:
             table = rt.table_for(self)
             self.cached_rt = rt
             self.cached_table = table
-        if not kwargs and self.simple and len(args) == self.n_positional:
-            bound = args
-        else:
-            bound = self.bind(args, kwargs)
-        key = _fast_key(bound)
-        if key is None:
-            key = normalize_args(self.qualname_label, self.param_names, bound)
-        n = table.get(key)
-        if n is None:
-            rt.check_usable()
-            n = Instance(self, bound, rt)
-            table[key] = n
-        return rt.demand(n)
+        return rt.demand(rt.lookup(self, table, self.bound(args, kwargs), True))
 
     def __repr__(self):
         return f"<incr.cell {self.name}>"
+
+
+cdef str _label(Cell c, tuple args):
+    return c.qualname_label + "(" + ", ".join([repr(a) for a in args]) + ")"
 
 
 cdef object _fast_key(tuple args):
@@ -314,12 +310,7 @@ cdef object _fast_key(tuple args):
 
 
 cdef class Frame:
-    """A running computation (internal)."""
-
-    def __init__(self, Instance node, long long fid):
-        self.node = node
-        self.reads = []
-        self.id = fid
+    """A running computation (internal). Built in Runtime.run without __init__."""
 
 
 class Stabilization:
@@ -472,7 +463,6 @@ cdef class Runtime:
         self.closed = False
         self.store = None
         if store is not None:
-            from incr.store import Store
             self.store = Store(store, max_bytes=max_bytes)
 
     # -- the public surface ---------------------------------------------------------------
@@ -554,10 +544,8 @@ cdef class Runtime:
         cdef Instance n
         cdef Observer o
         t0 = time.perf_counter()
-        seen = set()
-        for n in self.dirty_observed:
-            if n.observed_by is not None and id(n) not in seen:
-                seen.add(id(n))
+        for n in dict.fromkeys(self.dirty_observed):  # once each, in the order queued
+            if n.observed_by is not None:
                 todo.append(n)
         self.dirty_observed = []
         todo.sort(key=_ts_key)
@@ -609,13 +597,9 @@ cdef class Runtime:
         dependency changed, at which revision. Does not compute anything."""
         self.check_usable()
         cdef Instance n = self._instance(cell, args, kwargs, create=False)
-        cdef Cell c
-        cdef tuple bound
         if n is None:
-            c = <Cell>cell
-            bound = c.bind(args, kwargs)
-            lab = c.qualname_label + "(" + ", ".join([repr(a) for a in bound]) + ")"
-            return f"{lab} has never been computed on this runtime"
+            return (f"{_label(<Cell>cell, (<Cell>cell).bound(args, kwargs))} has never been "
+                    f"computed on this runtime")
         return _explain(self, n)
 
     def stats(self):
@@ -656,7 +640,7 @@ cdef class Runtime:
     def _demand_top(self, Instance n):
         """Demand ``n`` from outside any cell, with this runtime active."""
         self.check_usable()
-        if _active.get() is self:
+        if get_value(_active) is self:
             return self.demand(n)
         token = _active.set(self)
         try:
@@ -668,17 +652,7 @@ cdef class Runtime:
         if not isinstance(cell, Cell):
             raise TypeError(f"expected an incr cell, got {cell!r}")
         cdef Cell c = <Cell>cell
-        cdef dict table = self.table_for(c)
-        cdef tuple bound = args if (not kwargs and c.simple and len(args) == c.n_positional) \
-            else c.bind(args, kwargs)
-        key = _fast_key(bound)
-        if key is None:
-            key = normalize_args(c.qualname_label, c.param_names, bound)
-        n = table.get(key)
-        if n is None and create:
-            n = Instance(c, bound, self)
-            table[key] = n
-        return n
+        return self.lookup(c, self.table_for(c), c.bound(args, kwargs), create)
 
     def _instances(self):
         """Every instance of the trace (for tests and tools)."""
@@ -746,6 +720,19 @@ cdef class Runtime:
     cdef void check_usable(self) except *:
         if self.closed:
             raise IncrError("this incr.Runtime is closed; create a new one")
+
+    cdef Instance lookup(self, Cell c, dict table, tuple bound, bint create):
+        # the instance of c for these bound arguments (created if asked), or None.
+        # TypeError, naming the cell and the argument, if an argument cannot be keyed.
+        key = _fast_key(bound)
+        if key is None:
+            key = normalize_args(c.qualname_label, c.param_names, bound)
+        n = table.get(key)
+        if n is None and create:
+            self.check_usable()
+            n = Instance(c, bound, self)
+            table[key] = n
+        return n
 
     cdef dict table_for(self, Cell cell):
         cdef dict t = self.tables.get(cell)
@@ -900,7 +887,7 @@ cdef class Runtime:
                 p.cands = self.store.candidates(p.ikey)
             except Exception as e:
                 _warnings.warn(f"incr store {self.store_path}: lookup failed ({e}); computing "
-                               f"{m.label()}", _store_warning(), stacklevel=3)
+                               f"{m.label()}", DamagedRecordWarning, stacklevel=3)
                 p.cands = []
             p.ci = 0
             p.di = 0
@@ -938,7 +925,7 @@ cdef class Runtime:
                 except _keys.DecodeError as e:
                     _warnings.warn(f"incr store {self.store_path}: the stored value of "
                                    f"{m.label()} does not decode ({e}); recomputing",
-                                   _store_warning(), stacklevel=3)
+                                   DamagedRecordWarning, stacklevel=3)
                     self.n_store_misses += 1
                     return NOMATCH
                 return DONE
@@ -975,7 +962,7 @@ cdef class Runtime:
     cdef Node resolve(self, list dep):
         # the node a stored dependency names in this process, or None
         cdef Cell c
-        cdef dict table
+        cdef Instance n
         if dep[0] == "i":
             return self.inputs.get(dep[1])
         ident, args_b = dep[1]
@@ -993,26 +980,13 @@ cdef class Runtime:
                          for a in args)
             if any(a is None for a in args):
                 return None
-        table = self.table_for(c)
-        key = _fast_key(args)
-        if key is None:
-            try:
-                key = normalize_args(c.qualname_label, c.param_names, args)
-            except TypeError:
-                return None
-        obj = table.get(key)
-        if obj is None:
-            obj = Instance(c, args, self)
-            table[key] = obj
-        cdef Instance n = <Instance>obj
+        try:
+            n = self.lookup(c, self.table_for(c), args, True)
+        except TypeError:
+            return None
         if n.persist is None and _keys.cell_identity(c) == ident:
             # its persistent identity is the reference we resolved: no need to re-encode
-            p = Persist()
-            p.ident = ident
-            p.args = args_b
-            p.ikey = _keys.instance_key(ident, args_b, self.hash)
-            p.ok = True
-            n.persist = p
+            n.persist = self.persist_with(ident, args_b)
         return n
 
     cdef Persist persist_of(self, Instance n):
@@ -1023,13 +997,18 @@ cdef class Runtime:
                                f"cell, so neither is stored; give them distinct version=")
         else:
             try:
-                p.args = _keys.encode(n.args)
-                p.ident = ident
-                p.ikey = _keys.instance_key(ident, p.args, self.hash)
-                p.ok = True
+                p = self.persist_with(ident, _keys.encode(n.args))
             except TypeError as e:
                 _warn_once(n.cell, f"incr: arguments of {n.label()} cannot be stored ({e})")
         n.persist = p
+        return p
+
+    cdef Persist persist_with(self, str ident, bytes args):
+        cdef Persist p = Persist()
+        p.ident = ident
+        p.args = args
+        p.ikey = _keys.instance_key(ident, args, self.hash)
+        p.ok = True
         return p
 
     cdef object value_hash(self, Node n):
@@ -1073,7 +1052,6 @@ cdef class Runtime:
                     return
                 deps.append(["c", [dp.ident, dp.args], h])
         trace = _keys.digest("trace", _msgpack.packb(deps, use_bin_type=True), self.hash)
-        from incr.store import pack_record
         self.store.put(p.ikey + trace, pack_record({
             "cell": p.ident, "label": n.label(), "args": p.args, "val": val, "vh": n.vhash,
             "deps": deps, "run": self.store.run}))
@@ -1136,7 +1114,7 @@ cdef class Runtime:
         cdef object value
         cdef bint same
         self.frame_ids += 1
-        f = Frame.__new__(Frame)  # no __init__ argument parsing on the hot path
+        f = Frame.__new__(Frame)
         f.node = n
         f.reads = []
         f.id = self.frame_ids
@@ -1284,11 +1262,6 @@ cdef enum:
     DONE = 0
     PUSHED = 1
     NOMATCH = 2
-
-
-def _store_warning():
-    from incr.store import DamagedRecordWarning
-    return DamagedRecordWarning
 
 
 def _warn_once(Cell cell, str message):

@@ -1,12 +1,12 @@
 """Canonical forms of cell arguments (internal; the one place that knows how keys are made).
 
-``normalize(value)`` turns an argument into a hashable, type-tagged form so that two arguments
-give the same instance exactly when they are the same value of the same type: ``1``, ``1.0`` and
+``normalize_args(label, names, args)`` turns arguments into a hashable, type-tagged form so that
+two calls give the same instance exactly when they are the same value of the same type: ``1``, ``1.0`` and
 ``True`` are three instances, ``(1,)`` and ``[1]`` are two, ``0.0`` and ``-0.0`` are two, and every
 NaN is the same argument. Anything that is not in the contract's list of encodable types, or
 registered with :func:`register_type`, raises :class:`TypeError`.
 
-Invariant: ``normalize(a) == normalize(b)`` iff ``a`` and ``b`` are equal values of the same types,
+Invariant: the forms of ``a`` and ``b`` are equal iff ``a`` and ``b`` are equal values of the same types,
 all the way down.
 """
 
@@ -83,14 +83,6 @@ def _norm(v: Any, path: str) -> Any:
     raise _Unencodable(path, v)
 
 
-def normalize(value: Any, what: str = "value") -> Any:
-    """The canonical hashable form of ``value``; ``TypeError`` naming ``what`` if unencodable."""
-    try:
-        return _norm(value, what)
-    except _Unencodable as e:
-        raise TypeError(_message(what, e)) from None
-
-
 def normalize_args(label: str, names: tuple[str, ...], args: tuple) -> tuple:
     """Canonical form of a cell's bound positional arguments, for the cell labelled ``label``."""
     out = []
@@ -146,7 +138,6 @@ _NAN = _struct.unpack(">d", bytes.fromhex("7ff8000000000000"))[0]
 
 DOMAINS = {"input": b"I", "cell": b"C", "value": b"V", "llm": b"L", "validator": b"A",
            "trace": b"T"}
-ALGORITHMS = {"xxh3_128": b"x", "blake2b": b"b"}
 
 
 import threading as _threading

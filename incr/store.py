@@ -139,6 +139,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _begin(env: lmdb.Environment, **kw: Any) -> lmdb.Transaction:
+    """A transaction; adopts a map another process grew (MapResizedError) and retries."""
+    for _ in range(5):
+        try:
+            return env.begin(**kw)
+        except lmdb.MapResizedError:
+            env.set_mapsize(0)
+    return env.begin(**kw)
+
+
 def _fs_type(path: str) -> str | None:
     """The file-system type holding ``path``, from /proc/mounts (None if unknown)."""
     try:
@@ -214,7 +224,7 @@ class Store:
             self.meta = self.env.open_db(b"meta")
             self.entries = self.env.open_db(b"entries")
             self.used = self.env.open_db(b"used")
-            with self._begin_open() as txn:
+            with _begin(self.env, write=True) as txn:
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt is None:
                     if txn.stat(self.entries)["entries"]:
@@ -240,14 +250,6 @@ class Store:
             self.env.close()
             raise StoreError(f"store {path} has a damaged meta record") from None
 
-    def _begin_open(self) -> lmdb.Transaction:
-        for _ in range(5):
-            try:
-                return self.env.begin(write=True)
-            except lmdb.MapResizedError:
-                self.env.set_mapsize(0)
-        return self.env.begin(write=True)
-
     def _env(self) -> lmdb.Environment:
         if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
             self.pending.clear()
@@ -260,14 +262,7 @@ class Store:
         return self.env
 
     def _begin(self, **kw: Any) -> lmdb.Transaction:
-        """A transaction; adopts a map another process grew (MapResizedError) and retries."""
-        env = self._env()
-        for _ in range(5):
-            try:
-                return env.begin(**kw)
-            except lmdb.MapResizedError:
-                env.set_mapsize(0)
-        return env.begin(**kw)
+        return _begin(self._env(), **kw)
 
     def close(self) -> None:
         self.end_pass()
