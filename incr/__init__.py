@@ -50,13 +50,39 @@ from incr._core import (
 from incr.errors import (
     CycleError,
     IncrError,
+    NotAccepted,
     NotPersistableWarning,
     ReentrancyError,
+    Reject,
     StoreError,
 )
 from incr.keys import register_type
+from incr.llmnodes import (
+    ACK,
+    NACK,
+    UNKNOWN,
+    Acceptance,
+    Budget,
+    Candidate,
+    NodeState,
+    effect,
+    llm,
+    validator,
+)
 
 __all__ = [
+    "ACK",
+    "NACK",
+    "UNKNOWN",
+    "Acceptance",
+    "Budget",
+    "Candidate",
+    "NodeState",
+    "NotAccepted",
+    "Reject",
+    "effect",
+    "llm",
+    "validator",
     "EQUAL",
     "IDENTITY",
     "NEVER",

@@ -23,6 +23,7 @@ cdef enum NodeFlag:
     F_VERIFYING = 8    # on an explicit verification stack now
     F_INPUT = 16       # an Input (always clean; changed_at moves on set)
     F_MUST_RUN = 32    # found stale during a deep verification; runs once its deps are ready
+    F_INVALID = 64     # withdrawn by evidence (a NACK): runs again, never taken from the store
 
 
 cdef class Node:
@@ -141,6 +142,7 @@ cdef class Runtime:
     cdef long long n_store_hits, n_store_misses
     cdef readonly str hash
     cdef readonly object max_workers
+    cdef public object llm           # incr.llm's bookkeeping for this runtime (node states), or None
     # counters for stats()
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 
@@ -156,6 +158,8 @@ cdef class Runtime:
     cdef void record_read(self, Node n)
     cdef void dirty_from(self, Node n)
     cdef void set_input(self, Input i, object value) except *
+    cdef void invalidate(self, Instance n) except *
+    cdef bint absorb_reject(self, BaseException e) except -1
     cdef void check_usable(self) except *
     cdef int attempt(self, Instance m, list stack, list idx) except -1
     cdef int probe_step(self, Instance m, list stack, list idx) except -1

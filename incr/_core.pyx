@@ -25,7 +25,7 @@ from cpython.contextvars cimport get_value
 cdef extern from "pythread.h":
     unsigned long PyThread_get_thread_ident()
 
-from incr.errors import CycleError, IncrError, NotPersistableWarning, ReentrancyError
+from incr.errors import CycleError, IncrError, NotPersistableWarning, ReentrancyError, Reject
 from incr.keys import normalize_args
 from incr import keys as _keys
 from incr.store import DamagedRecordWarning, Store, pack_record
@@ -37,6 +37,9 @@ cdef object _active = contextvars.ContextVar("incr_runtime", default=None)
 # Nested runs deeper than this verify the remaining dependencies of an instance before running
 # it (see ensure); shallower ones follow Salsa's order exactly.
 cdef Py_ssize_t DEEP = 48
+# A top-level demand or stabilization absorbs at most this many incr.Reject before giving up
+# (each one regenerates the blamed node; the node's own budget bounds it much earlier).
+cdef int MAX_REJECTS = 64
 _default_runtime = None
 
 
@@ -97,6 +100,11 @@ cdef class Node:
         self.flags = 0
         self.dependents = None
 
+    @property
+    def _changed_at(self):
+        """The clock tick of the last change of the value (for incr.llm)."""
+        return self.changed_at
+
 
 cdef class Input(Node):
     """A named input of a runtime. Create with ``rt.input(name, value)``."""
@@ -123,6 +131,8 @@ cdef class Input(Node):
         cdef Runtime rt = self.rt
         cdef Runtime cur
         if rt.frames:
+            if PyThread_get_thread_ident() != rt.owner:
+                raise IncrError(rt._other_thread())
             rt.record_read(self)
         else:
             cur = get_value(_active)
@@ -462,6 +472,7 @@ cdef class Runtime:
         self.stabilizing = False
         self.closed = False
         self.store = None
+        self.llm = None
         if store is not None:
             self.store = Store(store, max_bytes=max_bytes)
 
@@ -556,15 +567,33 @@ cdef class Runtime:
         self.stabilizing = True
         self.report_log = log
         self.failed.clear()
+        cdef int rejects = 0
         try:
-            for n in todo:
-                if not (n.flags & F_HAS_VALUE) and n in self.failed:
-                    errors.append((n, self.failed[n]))  # failed earlier in this pass
-                elif _needs_work(n):
-                    try:
-                        self.ensure(n)
-                    except Exception as e:
-                        errors.append((n, e))
+            while True:
+                for n in todo:
+                    if not (n.flags & F_HAS_VALUE) and n in self.failed:
+                        errors.append((n, self.failed[n]))  # failed earlier in this pass
+                    elif _needs_work(n):
+                        try:
+                            self.ensure(n)
+                        except Exception as e:
+                            errors.append((n, e))
+                # an incr.Reject withdraws the candidate it blames (its dependents become
+                # stale through the usual propagation); the pass then runs again
+                again = False
+                for n, e in errors:
+                    if isinstance(e, Reject) and rejects < MAX_REJECTS and self.absorb_reject(e):
+                        rejects += 1
+                        again = True
+                        break
+                if not again:
+                    break
+                errors = []
+                self.failed.clear()
+                todo = [n for n in dict.fromkeys(todo + self.dirty_observed)
+                        if n.observed_by is not None]
+                self.dirty_observed = []
+                todo.sort(key=_ts_key)
         finally:
             self.stabilizing = False
             self.report_log = None
@@ -615,9 +644,35 @@ cdef class Runtime:
             "failed": self.n_failed,
             "store_hits": self.n_store_hits,
             "store_misses": self.n_store_misses,
-            "generations": 0,
-            "validations": 0,
+            "generations": 0 if self.llm is None else self.llm.generations,
+            "validations": 0 if self.llm is None else self.llm.validations,
         }
+
+    # -- LLM nodes (incr.llm does the work) --------------------------------------------------
+
+    def state(self, node, *args, **kwargs):
+        """The state of one LLM node instance: an incr.NodeState (candidate, revision,
+        context_key, dependency_revisions, checks, status)."""
+        self.check_usable()
+        from incr import llmnodes as _llm
+        return _llm.state(self, node, args, kwargs)
+
+    def nack(self, node, *args, revision, case, counterexample=None, message="", **kwargs):
+        """Record a NACK for candidate ``revision`` of node(*args). For the current revision
+        the node is withdrawn at once (its readers become stale) and generates again, with
+        the counterexample as feedback, at its next demand; for another revision it is
+        history (and its counterexample a regression case)."""
+        self.check_usable()
+        from incr import llmnodes as _llm
+        _llm.outside_verdict(self, node, args, kwargs,
+                             _llm.NACK(case, counterexample, message), revision, "nack")
+
+    def ack(self, node, *args, revision, case, evidence=None, **kwargs):
+        """Record an ACK for candidate ``revision`` of node(*args) (see nack)."""
+        self.check_usable()
+        from incr import llmnodes as _llm
+        _llm.outside_verdict(self, node, args, kwargs, _llm.ACK(case, evidence), revision,
+                             "ack")
 
     def close(self):
         """Flush and close the store, and close the runtime. Using it afterwards raises
@@ -715,7 +770,78 @@ cdef class Runtime:
                     f"computations, not during them")
         return f"cannot {what} while the runtime is stabilizing"
 
+    # -- hooks for incr.llm (internal) -----------------------------------------------------
+
+    def _running(self):
+        """The instance whose function runs now (innermost), or None."""
+        if not self.frames:
+            return None
+        return (<Frame>self.frames[len(self.frames) - 1]).node
+
+    def _reads(self):
+        """The live list of nodes the running instance has read so far."""
+        return (<Frame>self.frames[len(self.frames) - 1]).reads
+
+    def _read(self, Node node):
+        """Read ``node`` from the running instance: records the dependency, brings it up to
+        date, returns its value (raises what it raises)."""
+        if isinstance(node, Input):
+            return (<Input>node).get()
+        return self.demand(<Instance>node)
+
+    def _invalidate(self, Instance n):
+        """Withdraw n's value (a NACK on it): n runs again at its next demand, never from
+        the store, and everything that read it is stale, as after an input change."""
+        self.check_usable()
+        if self.frames or self.stabilizing:
+            raise ReentrancyError(self._reentrancy(f"withdraw {n.label()}"))
+        self.invalidate(n)
+
+    def _lend(self, unsigned long ident):
+        """Let thread ``ident`` compute for the running frame while its owner waits
+        (validators with a timeout). Returns the previous owner, to give back."""
+        cdef unsigned long old = self.owner
+        self.owner = ident
+        return old
+
+    def _dep_info(self, Instance n):
+        """(label, revision of its last change, content hash or None) per dependency of n."""
+        out = []
+        cdef Node d
+        for d in n.deps:
+            h = self.value_hash(d) if d.flags & F_HAS_VALUE else b""
+            out.append((_node_label(d), d.changed_rev, h or None))
+        return out
+
     # -- the engine -------------------------------------------------------------------------
+
+    cdef void invalidate(self, Instance n) except *:
+        self.clock += 1
+        if self.batch_depth == 0:
+            self.revision += 1
+        elif not self.batch_bumped:
+            self.revision += 1
+            self.batch_bumped = True
+        if n.flags & F_HAS_VALUE:
+            n.flags |= F_INVALID
+            n.why = n                     # explain: withdrawn by evidence
+            if not (n.flags & F_DIRTY):
+                n.flags |= F_DIRTY
+                if n.observed_by is not None:
+                    self.dirty_observed.append(n)
+        self.dirty_from(n)
+
+    cdef bint absorb_reject(self, BaseException e) except -1:
+        # an incr.Reject reached the top: record its NACK and withdraw the blamed candidate
+        # (incr.llm decides whether it applies); True when the computation should run again
+        from incr import llmnodes as _llm
+        inst = _llm._absorb_reject(self, e)
+        if inst is None:
+            return False
+        self.invalidate(<Instance>inst)
+        self.failed.clear()
+        return True
+
 
     cdef void check_usable(self) except *:
         if self.closed:
@@ -772,14 +898,28 @@ cdef class Runtime:
                              else [n.label()] + labels[start:] + [n.label()])
         if not (n.flags & F_HAS_VALUE) and n in self.failed:
             raise self.failed[n]
-        if self.store is None or self.frames or self.stabilizing:
+        if self.frames or self.stabilizing:
             return self.ensure(n)
-        try:  # a top-level demand: one store commit for everything it computed
-            v = self.ensure(n)
-        except BaseException:
-            self.flush(True)
-            raise
-        self.flush(False)
+        # a top-level demand: one store commit for everything it computed; an incr.Reject
+        # that escapes withdraws the blamed candidate and the demand runs again
+        cdef int rejects = 0
+        while True:
+            try:
+                v = self.ensure(n)
+                break
+            except Reject as e:
+                if rejects < MAX_REJECTS and self.absorb_reject(e):
+                    rejects += 1
+                    continue
+                if self.store is not None:
+                    self.flush(True)
+                raise
+            except BaseException:
+                if self.store is not None:
+                    self.flush(True)
+                raise
+        if self.store is not None:
+            self.flush(False)
         return v
 
     cdef object ensure(self, Instance n):
@@ -810,7 +950,7 @@ cdef class Runtime:
                     deps = m.deps
                     nd = len(deps)
                     pushed = False
-                    must_run = (m.flags & F_MUST_RUN) != 0
+                    must_run = (m.flags & (F_MUST_RUN | F_INVALID)) != 0
                     while i < nd:
                         d = <Node>deps[i]
                         if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
@@ -863,7 +1003,7 @@ cdef class Runtime:
         # m must be (re)computed: take it from the store if a stored trace of it matches the
         # current dependencies, else run it. Returns PUSHED when a dependency was pushed.
         cdef int r
-        if self.store is not None:
+        if self.store is not None and not (m.flags & F_INVALID):
             r = self.probe_step(m, stack, idx)
             if r != NOMATCH:
                 return r
@@ -1121,7 +1261,7 @@ cdef class Runtime:
         if not self.frames:
             self.owner = PyThread_get_thread_ident()
         self.frames.append(f)
-        n.flags |= F_RUNNING
+        n.flags = (n.flags | F_RUNNING) & ~F_INVALID
         try:
             value = n.cell.invoke(n.args)
         except BaseException as e:
@@ -1302,6 +1442,8 @@ def _explain(Runtime rt, Instance n):
         w = n.why
         if w is None:
             cause = "its previous run had failed"
+        elif w is n:
+            cause = "its previous value was withdrawn (a NACK against the candidate it held)"
         elif not (w.flags & F_HAS_VALUE):
             cause = f"{_node_label(w)} had failed"
         else:

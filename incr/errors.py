@@ -30,3 +30,57 @@ class StoreError(IncrError):
 
 class NotPersistableWarning(UserWarning):
     """A cell's value cannot be encoded by the key codec, so it stays in memory only."""
+
+
+class NotAccepted(IncrError):
+    """An LLM node's loop stopped without an accepted candidate.
+
+    ``reason`` is one of ``"budget"``, ``"oscillation"``, ``"no_progress"``,
+    ``"validator_unstable"``, ``"unknown"``; ``report`` is readable text (attempts, verdicts,
+    counterexamples, why it stopped); ``best`` is the candidate with the most distinct ACKs, or
+    None; ``label`` names the node instance.
+    """
+
+    def __init__(self, label: str, reason: str, report: str, best=None, attempts: int = 0):
+        self.label = label
+        self.reason = reason
+        self.report = report
+        self.best = best
+        self.attempts = attempts
+        super().__init__(f"{label} was not accepted ({reason}) after {attempts} "
+                         f"attempt{'s' if attempts != 1 else ''}; see .report")
+
+    def __reduce__(self):
+        return (type(self), (self.label, self.reason, self.report, self.best, self.attempts))
+
+
+class Reject(IncrError):
+    """Raised inside a cell or validator: the candidate of ``node(*args)`` that this
+    computation consumed is wrong. The computation is aborted, a NACK (``case``,
+    ``counterexample``, ``message``) is recorded against that candidate's revision, the node
+    and everything that read it are withdrawn, the node alone generates again with the
+    counterexample as feedback, and what was aborted runs again.
+
+    Derives from IncrError (an Exception): a cell that catches every Exception also catches
+    this one, and then nothing is rejected.
+    """
+
+    def __init__(self, node, *args, case: str = "rejected", counterexample=None,
+                 message: str = ""):
+        self.node = node
+        self.node_args = args
+        self.case = case
+        self.counterexample = counterexample
+        self.message = message
+        # the revision consumed, and by whom: known now, while the rejecting computation runs
+        try:
+            from incr import llmnodes as _llm
+            from incr._core import current
+            self.revision = _llm._consumed(node, args)
+            running = current()._running()
+            self.by = None if running is None else running.label_text
+        except Exception:
+            self.revision, self.by = None, None
+        label = getattr(node, "__qualname__", repr(node))
+        super().__init__(f"{label}{args!r} rejected on case {case!r}"
+                         + (f": {message}" if message else ""))

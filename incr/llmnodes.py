@@ -1,0 +1,833 @@
+"""LLM nodes: memoized generators that become stable only under validator evidence.
+
+An LLM node is a cell whose function is a control loop around a generator (the model call)
+and validators (checks outside the model). It lives in the same trace as every other cell:
+what its generator and validators read are its dependencies, its accepted candidate is its
+value, and its readers are withdrawn through the same propagation as after an input change.
+
+The loop, per node instance (``_Loop.run``):
+
+1. If it holds a candidate, re-read what the last run read. Something changed: open a new
+   evidence epoch (verdicts gathered under the old context become history; the budget starts
+   again) and re-validate the current candidate; accepted -> stable, no generation.
+   Nothing changed (it runs because a NACK withdrew the candidate, or it failed before):
+   decide from the ledger as it stands.
+2. Otherwise, or when the current candidate is rejected: generate (``previous`` = the last
+   candidate, ``feedback`` = the NACKs that apply to it, regression cases included), run the
+   validators and rechecks on the new revision, decide. Every stop condition is computed here,
+   outside the model: budget, oscillation (a fingerprint seen before), no progress (two
+   attempts without new evidence), validator instability (ACK and NACK for one candidate and
+   case), unknown (no NACK to learn from, and not enough ACKs).
+
+The ledger keys every verdict by (validator id, validator version, case, candidate revision):
+a verdict for another revision is history and never moves the current status; the same
+verdict twice counts once.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import attrs
+
+from incr import keys as _keys
+from incr._core import EQUAL, Cell, Instance, current
+from incr.errors import IncrError, NotAccepted, Reject
+
+__all__ = ["ACK", "NACK", "UNKNOWN", "Acceptance", "Budget", "Candidate", "LLMNode",
+           "NodeState", "Validator", "effect", "llm", "validator"]
+
+
+# --- verdicts --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ACK:
+    """The candidate passed the check ``case``."""
+    case: str
+    evidence: Any = None
+    kind = "ACK"
+
+
+@attrs.frozen
+class NACK:
+    """The candidate failed the check ``case``; ``counterexample`` shows how."""
+    case: str
+    counterexample: Any = None
+    message: str = ""
+    kind = "NACK"
+
+
+@attrs.frozen
+class UNKNOWN:
+    """Nothing could be decided for ``case`` (the validator crashed, timed out, ...)."""
+    case: str
+    reason: str = ""
+    kind = "UNKNOWN"
+
+
+_VERDICTS = (ACK, NACK, UNKNOWN)
+
+
+@attrs.frozen
+class Candidate:
+    """What a generator may return instead of a bare value, to report its cost."""
+    value: Any
+    tokens: int = 0
+    cost: float = 0.0
+    rationale: str = ""
+
+
+def _positive(kind):
+    def check(inst, attribute, value):
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
+                                  or value <= 0):
+            raise ValueError(f"{type(inst).__name__}: {attribute.name} must be a positive "
+                             f"{kind.__name__ if isinstance(kind, type) else 'number'} or "
+                             f"None, got {value!r}")
+    return check
+
+
+@attrs.frozen
+class Budget:
+    """How much one node may spend per context (it starts again when a dependency changes)."""
+    max_attempts: int = attrs.field(default=5, validator=_positive(int))
+    max_seconds: float | None = attrs.field(default=None, validator=_positive((int, float)))
+    max_tokens: int | None = attrs.field(default=None, validator=_positive(int))
+    max_cost: float | None = attrs.field(default=None, validator=_positive((int, float)))
+
+
+@attrs.frozen
+class Acceptance:
+    """The current candidate is accepted when every required validator (default: all) gave
+    it at least one ACK and no NACK and no UNKNOWN, and it has at least ``min_cases``
+    distinct ACKed (validator, case) pairs."""
+    required: tuple | None = attrs.field(default=None, converter=lambda r: None if r is None
+                                         else tuple(r))
+    min_cases: int = 0
+
+    def __attrs_post_init__(self):
+        if not isinstance(self.min_cases, int) or self.min_cases < 0:
+            raise ValueError(f"Acceptance: min_cases must be an int >= 0, got {self.min_cases!r}")
+
+
+# --- validators ------------------------------------------------------------------------------
+
+
+class Validator:
+    """A check outside the model. Create with ``@incr.validator(version=..., timeout=...)``.
+
+    Called as ``fn(candidate, *node_args, **node_kwargs)``; returns or yields verdicts. An
+    exception or a timeout is UNKNOWN, never NACK. ``raise incr.Reject(other_node, ...)``
+    inside it blames another node's candidate instead.
+    """
+
+    def __init__(self, fn: Callable, version: Any = None, timeout: float | None = None):
+        if not callable(fn):
+            raise TypeError(f"incr.validator needs a function, got {fn!r}")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ValueError(f"incr.validator {fn.__qualname__}: timeout must be a positive "
+                             f"number of seconds or None, got {timeout!r}")
+        self.fn = fn
+        self.id = f"{fn.__module__}.{fn.__qualname__}"
+        self.version = str(version) if version is not None else \
+            "c:" + _keys.code_fingerprint(fn).hex()[:16]
+        self.timeout = timeout
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self):
+        return f"<incr.validator {self.id} version {self.version}>"
+
+
+def validator(fn=None, /, *, version=None, timeout=None):
+    """Make ``fn`` a validator (bare, or with ``version=`` and ``timeout=`` seconds)."""
+    if fn is None:
+        return lambda f: Validator(f, version, timeout)
+    return Validator(fn, version, timeout)
+
+
+# --- node state ------------------------------------------------------------------------------
+
+
+@attrs.define
+class NodeState:
+    """What ``rt.state(node, *args)`` reports about one LLM node instance."""
+    candidate: Any = None
+    revision: int = 0
+    context_key: str = ""
+    dependency_revisions: dict = attrs.Factory(dict)
+    checks: dict = attrs.Factory(dict)
+    status: str = "active"
+
+
+@attrs.define(eq=False)
+class _Attempt:
+    revision: int
+    fingerprint: str
+    feedback: tuple
+    verdicts: list
+    tokens: int
+    cost: float
+    seconds: float
+    note: str = ""
+
+
+@attrs.define(eq=False)
+class _Node:
+    """The bookkeeping of one LLM node instance (internal)."""
+    label: str
+    candidate: Any = None
+    has_candidate: bool = False
+    revision: int = 0
+    status: str = "active"
+    ledger: dict = attrs.Factory(dict)      # (vid, vver, case, rev) -> [verdicts, distinct]
+    history: list = attrs.Factory(list)     # ((vid, vver, case, rev), verdict, epoch) archived
+    regressions: list = attrs.Factory(list) # NACKs with counterexamples, oldest first
+    attempts: list = attrs.Factory(list)    # _Attempt, every epoch
+    fingerprints: dict = attrs.Factory(dict)  # candidate fingerprint -> revision
+    values: dict = attrs.Factory(dict)      # revision -> candidate
+    epoch: int = 0
+    spent_attempts: int = 0
+    spent_tokens: int = 0
+    spent_cost: float = 0.0
+    started: float = 0.0
+    evidence: set = attrs.Factory(set)      # evidence items seen this epoch
+    stale_streak: int = 0
+    snapshot: list | None = None            # (node, changed_at) of everything the run read
+    events: int = 0                         # verdicts from outside (rt.nack/ack, Reject)
+    failed: NotAccepted | None = None
+    failed_events: int = 0
+    rejections: int = 0
+    context_key: str = ""
+    dependency_revisions: dict = attrs.Factory(dict)
+
+
+class _Bookkeeping:
+    """incr.llm's state on one runtime (rt.llm)."""
+
+    def __init__(self):
+        self.nodes: dict[Instance, _Node] = {}
+        self.generations = 0
+        self.validations = 0
+
+
+def _book(rt) -> _Bookkeeping:
+    b = rt.llm
+    if b is None:
+        b = rt.llm = _Bookkeeping()
+    return b
+
+
+def _fingerprint(value: Any) -> str:
+    try:
+        return _keys.digest("llm", _keys.encode(value)).hex()
+    except TypeError:
+        return "r:" + _keys.digest("llm", repr(value).encode()).hex()
+
+
+def _cex_key(v: NACK) -> str:
+    return _fingerprint([v.case, _safe(v.counterexample), v.message])
+
+
+def _safe(x: Any) -> Any:
+    try:
+        _keys.encode(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+# --- the node --------------------------------------------------------------------------------
+
+_TRANSIENT_NAMES = {"RateLimitError", "APIConnectionError", "APITimeoutError",
+                    "InternalServerError", "ServiceUnavailableError", "Timeout"}
+
+
+def _transient(e: BaseException) -> bool:
+    """A rate-limit or transport failure of the generator: retried, never fed back."""
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    if type(e).__name__ in _TRANSIENT_NAMES:
+        return True
+    return getattr(e, "status_code", None) in (408, 409, 429, 500, 502, 503, 504)
+
+
+class LLMNode(Cell):
+    """A memoized generator whose value is its accepted candidate. Create with ``@incr.llm``."""
+
+    def __init__(self, gen: Callable, *, validators=(), accept=None, budget=None,
+                 version=None, recheck=None, backoff: float = 0.5):
+        if not callable(gen):
+            raise TypeError(f"incr.llm needs a function, got {gen!r}")
+        qual = getattr(gen, "__qualname__", repr(gen))
+        validators = tuple(validators)
+        for v in validators:
+            if not isinstance(v, Validator):
+                raise TypeError(f"incr.llm {qual}: validators must be made with "
+                                f"@incr.validator, got {v!r}")
+        if accept is None:
+            accept = Acceptance()
+        if not isinstance(accept, Acceptance):
+            raise TypeError(f"incr.llm {qual}: accept must be an incr.Acceptance, got {accept!r}")
+        if accept.required is not None:
+            for r in accept.required:
+                if r not in validators:
+                    raise ValueError(f"incr.llm {qual}: required validator {r!r} is not "
+                                     f"among its validators")
+        if budget is None:
+            budget = Budget()
+        if not isinstance(budget, Budget):
+            raise TypeError(f"incr.llm {qual}: budget must be an incr.Budget, got {budget!r}")
+        if recheck is not None and not callable(recheck):
+            raise TypeError(f"incr.llm {qual}: recheck must be callable, got {recheck!r}")
+        sig = inspect.signature(gen)
+        for name in ("previous", "feedback"):
+            p = sig.parameters.get(name)
+            if p is None or p.kind is not p.KEYWORD_ONLY:
+                raise TypeError(f"incr.llm {qual}: the generator must take the keyword-only "
+                                f"parameters previous= and feedback= "
+                                f"(def {gen.__name__}(..., *, previous=None, feedback=()))")
+        params = [p for p in sig.parameters.values() if p.name not in ("previous", "feedback")]
+        node = self
+
+        def loop(*args, **kwargs):
+            return _Loop(node, args, kwargs).run()
+
+        functools.update_wrapper(loop, gen)
+        loop.__signature__ = sig.replace(parameters=params)
+        del loop.__wrapped__
+        self.gen = gen
+        self.validators = validators
+        self.accept = accept
+        self.budget = budget
+        self.recheck = recheck
+        self.backoff = backoff
+        super().__init__(loop, version=version, cutoff=EQUAL)
+        # identity across processes: the definition and every validator's id and version
+        if version is not None:
+            base, exact = f"v:{version}", True
+        else:
+            cfp, exact = _keys.closure_fingerprint(gen)
+            base = "c:" + _keys.digest("llm", _keys.code_fingerprint(gen) + cfp).hex()[2:18]
+        vals = ",".join(f"{v.id}@{v.version}" for v in validators)
+        self._incr_ident = f"{self.name}@llm:{base}|{_keys.digest('validator', vals.encode()).hex()[2:18]}"
+        self._incr_exact = exact
+        self.validator_key = vals
+
+    def __repr__(self):
+        return f"<incr.llm {self.name}>"
+
+
+def llm(fn=None, /, *, validators=(), accept=None, budget=None, version=None, recheck=None):
+    """Make a generator an LLM node: ``fn(*args, previous=None, feedback=())`` returns a
+    candidate (or an ``incr.Candidate``); calling the node returns an accepted candidate or
+    raises ``incr.NotAccepted``."""
+    def make(f):
+        return LLMNode(f, validators=validators, accept=accept, budget=budget,
+                       version=version, recheck=recheck)
+    return make if fn is None else make(fn)
+
+
+class _Loop:
+    """One run of a node instance's control loop, inside its frame (internal)."""
+
+    def __init__(self, node: LLMNode, args: tuple, kwargs: dict):
+        self.node = node
+        self.args = args
+        self.kwargs = kwargs
+        self.rt = current()
+        self.book = _book(self.rt)
+        inst = self.rt._running()
+        st = self.book.nodes.get(inst)
+        if st is None:
+            st = self.book.nodes[inst] = _Node(label=inst.label_text)
+        self.inst = inst
+        self.st = st
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> Any:
+        st = self.st
+        try:
+            if st.has_candidate:
+                changed = self._reread()
+                if changed or st.snapshot is None:
+                    self._new_epoch()
+                    self._validate()
+                elif st.failed is not None and st.events == st.failed_events:
+                    # nothing changed since it gave up: the same answer, no model call
+                    f = st.failed
+                    raise NotAccepted(f.label, f.reason, f.report, f.best, f.attempts)
+                elif st.failed is not None:
+                    # it gave up, and new evidence came from outside: a fresh budget
+                    self._fresh_budget()
+                stop = self._decide()
+                if stop is None:
+                    return self._stable()
+                if stop != "retry":
+                    self._fail(stop)
+            else:
+                self._new_epoch()
+            while True:
+                stop = self._over_budget()
+                if stop:
+                    self._fail(stop)
+                cand = self._generate()
+                fp = _fingerprint(cand)
+                if fp in st.fingerprints:
+                    st.attempts[-1].note = (f"same as revision {st.fingerprints[fp]}")
+                    self._fail("oscillation", repeated=st.fingerprints[fp])
+                st.revision += 1
+                st.fingerprints[fp] = st.revision
+                st.values[st.revision] = cand
+                st.candidate, st.has_candidate = cand, True
+                st.attempts[-1].revision = st.revision
+                st.attempts[-1].fingerprint = fp[:18]
+                new = self._validate()
+                stop = self._decide()
+                if stop is None:
+                    return self._stable()
+                if stop != "retry":
+                    self._fail(stop)
+                st.stale_streak = 0 if new else st.stale_streak + 1
+                if st.stale_streak >= 2:
+                    self._fail("no_progress")
+        finally:
+            reads = self.rt._reads()
+            st.snapshot = [(d, d._changed_at) for d in reads]
+
+    def _reread(self) -> bool:
+        """Read again what the last run read (recording it); True if anything changed."""
+        changed = False
+        for d, at in self.st.snapshot or ():
+            self.rt._read(d)
+            if d._changed_at != at:
+                changed = True
+        return changed
+
+    def _new_epoch(self) -> None:
+        st = self.st
+        for key, (vs, _d) in st.ledger.items():
+            for v in vs:
+                st.history.append((key, v, st.epoch))
+        st.ledger = {}
+        st.epoch += 1
+        st.evidence = set()
+        st.status = "active"
+        self._fresh_budget()
+
+    def _fresh_budget(self) -> None:
+        st = self.st
+        st.spent_attempts = 0
+        st.spent_tokens = 0
+        st.spent_cost = 0.0
+        st.started = time.monotonic()
+        st.stale_streak = 0
+        st.failed = None
+
+    def _over_budget(self) -> str | None:
+        st, b = self.st, self.node.budget
+        if st.spent_attempts >= b.max_attempts:
+            return "budget"
+        if b.max_seconds is not None and time.monotonic() - st.started >= b.max_seconds:
+            return "budget"
+        if b.max_tokens is not None and st.spent_tokens >= b.max_tokens:
+            return "budget"
+        if b.max_cost is not None and st.spent_cost >= b.max_cost:
+            return "budget"
+        return None
+
+    def _generate(self) -> Any:
+        st, node = self.st, self.node
+        feedback = self._feedback()
+        previous = st.candidate if st.has_candidate else None
+        delay = node.backoff
+        while True:
+            st.spent_attempts += 1
+            self.book.generations += 1
+            t0 = time.monotonic()
+            try:
+                out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
+            except Exception as e:
+                if not _transient(e):
+                    raise
+                st.attempts.append(_Attempt(0, "", feedback, [], 0, 0.0,
+                                            time.monotonic() - t0,
+                                            f"transport error, retried: {type(e).__name__}"))
+                stop = self._over_budget()
+                if stop:
+                    self._fail(stop)
+                b = node.budget
+                if b.max_seconds is not None:
+                    left = b.max_seconds - (time.monotonic() - st.started)
+                    if left <= delay:
+                        self._fail("budget")
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            tokens, cost = 0, 0.0
+            if isinstance(out, Candidate):
+                tokens, cost, out = out.tokens, out.cost, out.value
+            st.spent_tokens += tokens
+            st.spent_cost += cost
+            st.attempts.append(_Attempt(0, "", feedback, [], tokens, cost,
+                                        time.monotonic() - t0))
+            return out
+
+    def _feedback(self) -> tuple:
+        """NACKs against the current candidate first, then earlier counterexamples."""
+        st = self.st
+        out, seen = [], set()
+        for (vid, vver, case, rev), (vs, _d) in st.ledger.items():
+            if rev == st.revision:
+                for v in vs:
+                    if isinstance(v, NACK):
+                        k = _cex_key(v)
+                        if k not in seen:
+                            seen.add(k)
+                            out.append(v)
+        for v in st.regressions:
+            k = _cex_key(v)
+            if k not in seen:
+                seen.add(k)
+                out.append(v)
+        return tuple(out)
+
+    # -- evidence ---------------------------------------------------------------------------
+
+    def _record(self, vid: str, vver: str, v: Any, regress: bool = True) -> bool:
+        """Put one verdict for the current revision in the ledger; True if it is new evidence."""
+        st = self.st
+        key = (vid, vver, v.case, st.revision)
+        entry = st.ledger.get(key)
+        if entry is None:
+            entry = st.ledger[key] = ([], set())
+        vs, distinct = entry
+        ident = (v.kind, _cex_key(v) if isinstance(v, NACK) else "")
+        if ident in distinct:
+            return False               # the same verdict again counts once
+        distinct.add(ident)
+        vs.append(v)
+        if st.attempts:
+            st.attempts[-1].verdicts.append((vid, v))
+        if isinstance(v, NACK):
+            if regress and v.counterexample is not None and \
+                    all(_cex_key(r) != _cex_key(v) for r in st.regressions):
+                st.regressions.append(v)
+            item = ("N", vid, v.case, _cex_key(v))
+        elif isinstance(v, ACK):
+            item = ("A", vid, v.case)
+        else:
+            return False               # UNKNOWN is not evidence
+        if item in st.evidence:
+            return False
+        st.evidence.add(item)
+        return True
+
+    def _validate(self) -> bool:
+        """Run every validator and recheck on the current candidate; True if new evidence."""
+        node, st = self.node, self.st
+        new = False
+        for val in node.validators:
+            self.book.validations += 1
+            for v in self._run_validator(val):
+                new |= self._record(val.id, val.version, v)
+        if node.recheck is not None:
+            rid = f"{node.name}.recheck"
+            for r in list(st.regressions):
+                self.book.validations += 1
+                try:
+                    v = node.recheck(st.candidate, r.counterexample, *self.args, **self.kwargs)
+                except Reject as e:
+                    if not self._own(e):
+                        raise
+                    v = NACK(e.case, e.counterexample, e.message)
+                except Exception as e:
+                    v = UNKNOWN(r.case, f"recheck raised {type(e).__name__}: {e}")
+                if not isinstance(v, _VERDICTS):
+                    v = UNKNOWN(r.case, f"recheck returned {v!r}, not a verdict")
+                new |= self._record(rid, "1", v, regress=False)  # a case already kept
+        return new
+
+    def _own(self, e: Reject) -> bool:
+        return e.node is self.node and tuple(e.node_args) == tuple(self.args)
+
+    def _run_validator(self, val: Validator) -> list:
+        cand = self.st.candidate
+        if val.timeout is None:
+            return self._collect(val, cand)
+        box: dict = {}
+        rt = self.rt
+
+        def work():
+            try:
+                box["out"] = self._collect(val, cand)
+            except BaseException as e:  # a Reject of another node, carried to the loop
+                box["exc"] = e
+
+        t = threading.Thread(target=work, name=f"incr-validator-{val.__name__}", daemon=True)
+        old = rt._lend(0)
+        t.start()
+        rt._lend(t.ident)
+        t.join(val.timeout)
+        rt._lend(old)
+        if t.is_alive():
+            return [UNKNOWN("*", f"timed out after {val.timeout} s")]
+        if "exc" in box:
+            raise box["exc"]
+        return box["out"]
+
+    def _collect(self, val: Validator, cand: Any) -> list:
+        out = []
+        try:
+            res = val.fn(cand, *self.args, **self.kwargs)
+            if isinstance(res, _VERDICTS):
+                out.append(res)
+            elif res is None:
+                pass
+            else:
+                for v in res:
+                    if not isinstance(v, _VERDICTS):
+                        out.append(UNKNOWN("*", f"{val.id} produced {v!r}, not a verdict"))
+                        break
+                    out.append(v)
+        except Reject as e:
+            if not self._own(e):
+                raise
+            out.append(NACK(e.case, e.counterexample, e.message))
+        except Exception as e:
+            out.append(UNKNOWN("*", f"{val.id} raised {type(e).__name__}: {e}"))
+        if not out:
+            out.append(UNKNOWN("*", f"{val.id} gave no verdict"))
+        return out
+
+    def _decide(self) -> str | None:
+        """None: accepted. "retry": generate again. Otherwise the reason to stop."""
+        st, node = self.st, self.node
+        return _decision(node, st)
+
+    # -- exits ------------------------------------------------------------------------------
+
+    def _stable(self) -> Any:
+        st = self.st
+        st.status = "stable"
+        st.failed = None
+        return st.candidate
+
+    def _fail(self, reason: str, repeated: int | None = None) -> None:
+        st = self.st
+        best = _best(st)
+        report = _report(self.node, st, reason, repeated)
+        st.status = "failed"
+        exc = NotAccepted(st.label, reason, report, best, st.spent_attempts)
+        st.failed = exc
+        st.failed_events = st.events
+        raise exc
+
+
+def _verdicts_for(st: _Node, rev: int) -> dict:
+    """(vid, case) -> list of verdicts for revision ``rev`` in the current epoch."""
+    out: dict = {}
+    for (vid, _vv, case, r), (vs, _d) in st.ledger.items():
+        if r == rev:
+            out.setdefault((vid, case), []).extend(vs)
+    return out
+
+
+def _decision(node: LLMNode, st: _Node) -> str | None:
+    vs = _verdicts_for(st, st.revision)
+    kinds: dict = {}
+    for (vid, case), lst in vs.items():
+        ks = {v.kind for v in lst}
+        if "ACK" in ks and "NACK" in ks:
+            return "validator_unstable"
+        kinds[(vid, case)] = ks
+    # a NACK from anyone (a validator, a recheck, rt.nack, a Reject) blocks acceptance;
+    # UNKNOWN blocks it when it comes from a required validator
+    nack = any("NACK" in ks for ks in kinds.values())
+    required = node.accept.required if node.accept.required is not None else node.validators
+    ok = not nack
+    for val in required:
+        mine = [ks for (vid, _c), ks in kinds.items() if vid == val.id]
+        if not any("ACK" in ks for ks in mine) or any(ks - {"ACK"} for ks in mine):
+            ok = False
+    acked = sum(1 for ks in kinds.values() if ks == {"ACK"})
+    if ok and acked >= node.accept.min_cases:
+        return None
+    if nack:
+        return "retry"
+    return "unknown"
+
+
+def _best(st: _Node) -> Any:
+    """The candidate (of this epoch) with the most distinct ACKed cases, or None."""
+    acks: dict = {}
+    for (vid, _vv, case, rev), (vs, _d) in st.ledger.items():
+        if any(v.kind == "ACK" for v in vs):
+            acks.setdefault(rev, set()).add((vid, case))
+    best, score = None, 0
+    for rev in sorted(acks):
+        if len(acks[rev]) > score and rev in st.values:
+            best, score = rev, len(acks[rev])
+    return None if best is None else st.values[best]
+
+
+def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None) -> str:
+    why = {
+        "budget": f"the budget ran out ({node.budget})",
+        "oscillation": f"the generator came back to revision {repeated}'s candidate",
+        "no_progress": "two attempts in a row brought no new evidence",
+        "validator_unstable": "a validator gave conflicting verdicts for one candidate and case",
+        "unknown": "the evidence acceptance needs could not be obtained (UNKNOWN verdicts or "
+                   "too few cases), and there is no NACK to learn from",
+    }[reason]
+    lines = [f"{st.label}: not accepted — {why}.",
+             f"{st.spent_attempts} generator call(s) in this context; "
+             f"{st.spent_tokens} tokens, cost {st.spent_cost:g}."]
+    for a in st.attempts:
+        head = f"  revision {a.revision}" if a.revision else "  (no candidate)"
+        lines.append(f"{head} [{a.fingerprint or '-'}] {a.seconds * 1000:.0f} ms"
+                     + (f", {a.tokens} tokens" if a.tokens else "")
+                     + (f"; {a.note}" if a.note else ""))
+        if a.feedback:
+            lines.append(f"    fed back: " + "; ".join(f"{v.case}" for v in a.feedback))
+        for vid, v in a.verdicts:
+            detail = ""
+            if isinstance(v, NACK):
+                detail = f" counterexample={v.counterexample!r}" + (f" ({v.message})" if v.message else "")
+            elif isinstance(v, UNKNOWN):
+                detail = f" ({v.reason})"
+            lines.append(f"    {v.kind:<7} {vid} / {v.case}{detail}")
+    return "\n".join(lines)
+
+
+# --- the runtime's side: state, outside verdicts, Reject -----------------------------------
+
+
+def _instance(rt, node, args, kwargs, what):
+    if not isinstance(node, LLMNode):
+        raise TypeError(f"rt.{what}: expected an @incr.llm node, got {node!r}")
+    inst = rt._instance(node, args, kwargs, create=False)
+    st = None if inst is None or rt.llm is None else rt.llm.nodes.get(inst)
+    return inst, st
+
+
+def _context_key(rt, node: LLMNode, inst) -> tuple[str, dict]:
+    deps = rt._dep_info(inst)
+    try:
+        args = _keys.encode(tuple(inst.args))
+    except TypeError:
+        args = repr(inst.args).encode()
+    key = _keys.digest("llm", _keys.encode([node._incr_ident, args, node.validator_key,
+                                            [[lab, h or b""] for lab, _r, h in deps]]),
+                       rt.hash)
+    return key.hex(), {lab: rev for lab, rev, _h in deps}
+
+
+def state(rt, node, args, kwargs) -> NodeState:
+    inst, st = _instance(rt, node, args, kwargs, "state")
+    if st is None:
+        label = (inst.label_text if inst is not None else
+                 f"{node.qualname_label}{tuple(args)!r}")
+        raise IncrError(f"rt.state: {label} has never run on this runtime; call it first")
+    key, revs = _context_key(rt, node, inst)
+    checks = {}
+    for (vid, vver, case, rev), (vs, _d) in st.ledger.items():
+        # a NACK outranks an UNKNOWN, which outranks an ACK, when one key holds several
+        checks[(vid, vver, case, rev)] = max(vs, key=lambda v: {"NACK": 2, "UNKNOWN": 1}.get(v.kind, 0))
+    return NodeState(candidate=st.candidate, revision=st.revision, context_key=key,
+                     dependency_revisions=revs, checks=checks, status=st.status)
+
+
+def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
+    """rt.ack / rt.nack: a verdict from outside, bound to ``revision``."""
+    inst, st = _instance(rt, node, args, kwargs, source)
+    if st is None or not st.revision:
+        label = inst.label_text if inst is not None else node.qualname_label
+        raise IncrError(f"rt.{source}: {label} has no candidate on this runtime yet")
+    if not isinstance(revision, int) or isinstance(revision, bool) or not \
+            1 <= revision <= st.revision:
+        raise ValueError(f"rt.{source}: revision must be one of the candidate revisions of "
+                         f"{st.label} (1..{st.revision}), got {revision!r}")
+    if _note(st, f"rt.{source}", "", verdict, revision):
+        rt._invalidate(inst)
+
+
+def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
+    """Record an outside verdict; True when the node must run again (its current candidate
+    was NACKed, or an ACK may complete its acceptance)."""
+    key = (vid, vver, v.case, revision)
+    entry = st.ledger.get(key)
+    if entry is None:
+        entry = st.ledger[key] = ([], set())
+    vs, distinct = entry
+    ident = (v.kind, _cex_key(v) if isinstance(v, NACK) else "")
+    if ident in distinct:
+        return False
+    distinct.add(ident)
+    vs.append(v)
+    if isinstance(v, NACK) and v.counterexample is not None and \
+            all(_cex_key(r) != _cex_key(v) for r in st.regressions):
+        st.regressions.append(v)      # a regression case for every later revision
+    if revision != st.revision:
+        return False                  # history: never moves the current status
+    st.events += 1
+    if isinstance(v, NACK):
+        if st.status != "failed":
+            st.status = "invalid"
+        return True
+    return st.status != "stable"
+
+
+def _consumed(node, args) -> int | None:
+    """The revision of node(*args) that the running computation consumed (for Reject)."""
+    try:
+        rt = current()
+        inst = rt._instance(node, args, {}, create=False)
+        st = None if inst is None or rt.llm is None else rt.llm.nodes.get(inst)
+        return None if st is None else st.revision
+    except Exception:
+        return None
+
+
+def _absorb_reject(rt, e: Reject):
+    """A Reject reached the top of a demand or stabilization: the instance to withdraw, or
+    None when the Reject cannot apply (then it propagates to the caller)."""
+    node = e.node
+    if not isinstance(node, LLMNode):
+        e.add_note(f"incr: Reject needs an @incr.llm node, got {node!r}")
+        return None
+    try:
+        inst = rt._instance(node, e.node_args, {}, create=False)
+    except TypeError:
+        return None
+    st = None if inst is None or rt.llm is None else rt.llm.nodes.get(inst)
+    if st is None or not st.revision:
+        e.add_note(f"incr: {node.qualname_label}{e.node_args!r} has no candidate to reject")
+        return None
+    rev = e.revision if e.revision is not None else st.revision
+    st.rejections += 1
+    by = f"reject:{e.by}" if e.by else "reject"
+    _note(st, by, "", NACK(e.case, e.counterexample, e.message), rev)
+    return inst
+
+
+# --- effects ---------------------------------------------------------------------------------
+
+
+def effect(fn=None, /, *, version=None):
+    """A cell with effects in the world (sending, writing). It reads only accepted candidates
+    (an LLM node returns nothing else), a later withdrawal of those candidates does not undo
+    it, and it runs again only when what it read changes."""
+    def make(f):
+        c = Cell(f, version=version, cutoff=EQUAL)
+        c._incr_effect = True
+        return c
+    return make if fn is None else make(fn)

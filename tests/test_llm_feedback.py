@@ -1,0 +1,344 @@
+"""Feedback from downstream: rt.nack / rt.ack with explicit revisions, incr.Reject inside cells
+and validators, regression cases and recheck, effects. The story is MODEL.md's: A interprets a
+request, B writes SQL from A's output, C runs it; a NACK on B reopens B only."""
+
+from __future__ import annotations
+
+import pytest
+
+import incr
+
+
+class Gen:
+    """A scripted generator that counts calls and remembers its feedback."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.calls = []
+
+    def __call__(self, *args, previous=None, feedback=()):
+        self.calls.append(feedback)
+        return self.answers[min(len(self.calls), len(self.answers)) - 1]
+
+
+@pytest.fixture
+def story(rt, log):
+    request = rt.input("request", "paid orders, not refunded")
+    ga = Gen("paid AND NOT refunded")
+    gb = Gen("WHERE paid", "WHERE paid AND NOT refunded", "WHERE paid AND NOT refunded AND 1")
+
+    @incr.llm(version="a1")
+    def interpret(r, *, previous=None, feedback=()):
+        log("A")
+        return ga(request.get(), previous=previous, feedback=feedback)
+
+    @incr.llm(version="b1", budget=incr.Budget(max_attempts=4))
+    def write_sql(r, *, previous=None, feedback=()):
+        log("B")
+        return gb(interpret(r), previous=previous, feedback=feedback)
+
+    @incr.cell
+    def run_query(r):
+        log("C")
+        return f"rows for {write_sql(r)}"
+
+    return request, ga, gb, interpret, write_sql, run_query
+
+
+def test_nack_current_revision_withdraws_node_and_readers_only(rt, log, story):
+    _request, ga, gb, interpret, write_sql, run_query = story
+    with rt:
+        obs = rt.observe(run_query, "r")
+        assert log.take() == ["C", "B", "A"]
+        assert rt.state(write_sql, "r").revision == 1
+        rev0 = rt.revision
+        rt.nack(write_sql, "r", revision=1, case="refunds",
+                counterexample={"rows": [(1, True, True)], "expected": 0, "got": 1})
+        assert rt.revision == rev0 + 1
+        assert rt.state(write_sql, "r").status == "invalid"     # at once, before any demand
+        report = rt.stabilize()
+        assert log.take() == ["B", "C"]                          # A is not regenerated
+        assert obs.value == "rows for WHERE paid AND NOT refunded"
+        assert report.recomputed == ["write_sql('r')", "run_query('r')"]
+    assert len(ga.calls) == 1 and len(gb.calls) == 2
+    (fb,) = gb.calls[1]
+    assert fb.case == "refunds" and fb.counterexample["expected"] == 0
+    st = rt.state(write_sql, "r")
+    assert st.status == "stable" and st.revision == 2
+    assert st.checks[("rt.nack", "", "refunds", 1)].kind == "NACK"
+
+
+def test_late_verdicts_for_other_revisions_never_move_the_current_status(rt, log, story):
+    _request, _ga, gb, _interpret, write_sql, run_query = story
+    with rt:
+        run_query("r")
+        rt.nack(write_sql, "r", revision=1, case="refunds", counterexample="cex1")
+        run_query("r")
+        log.take()
+        assert rt.state(write_sql, "r").revision == 2
+        rt.nack(write_sql, "r", revision=1, case="late", counterexample="cex-late")
+        rt.ack(write_sql, "r", revision=1, case="late-ack")
+        assert rt.state(write_sql, "r").status == "stable"
+        assert run_query("r") == "rows for WHERE paid AND NOT refunded"
+        assert log.take() == []                                  # nothing withdrawn
+    st = rt.state(write_sql, "r")
+    assert st.checks[("rt.nack", "", "late", 1)].kind == "NACK"
+    assert not any(k[3] == 2 and v.kind == "NACK" for k, v in st.checks.items())
+    assert len(gb.calls) == 2
+
+
+def test_revision_must_exist(rt, story):
+    _request, _ga, _gb, _interpret, write_sql, run_query = story
+    with rt:
+        run_query("r")
+    with pytest.raises(ValueError, match="revision"):
+        rt.nack(write_sql, "r", revision=7, case="x")
+    with pytest.raises(incr.IncrError, match="no candidate"):
+        rt.nack(write_sql, "other", revision=1, case="x")
+
+
+def test_reject_in_a_downstream_cell(rt, log):
+    ga = Gen("paid")
+    gb = Gen("WHERE paid", "WHERE paid AND NOT refunded")
+
+    @incr.llm(version="a")
+    def interpret(r, *, previous=None, feedback=()):
+        log("A")
+        return ga(r, previous=previous, feedback=feedback)
+
+    @incr.llm(version="b")
+    def write_sql(r, *, previous=None, feedback=()):
+        log("B")
+        return gb(interpret(r), previous=previous, feedback=feedback)
+
+    @incr.cell
+    def run_query(r):
+        log("C")
+        sql = write_sql(r)
+        if "refunded" not in sql:
+            raise incr.Reject(write_sql, r, case="refunds", counterexample={"got": 2, "expected": 1})
+        return f"ran {sql}"
+
+    with rt:
+        assert run_query("q") == "ran WHERE paid AND NOT refunded"
+    assert log.take() == ["C", "B", "A", "C", "B"]              # aborted C runs again; A once
+    st = rt.state(write_sql, "q")
+    assert st.revision == 2 and st.status == "stable"
+    (key,) = [k for k in st.checks if k[0].startswith("reject")]
+    assert key == ("reject:run_query('q')", "", "refunds", 1)   # bound to what C consumed
+    assert gb.calls[1][0].counterexample == {"got": 2, "expected": 1}
+
+
+def test_reject_inside_a_validator_blames_the_upstream_node(rt, log):
+    ga = Gen("revenue", "paid revenue")
+    gb = Gen("SELECT revenue", "SELECT paid revenue")
+
+    @incr.llm(version="a")
+    def interpret(r, *, previous=None, feedback=()):
+        log("A")
+        return ga(r, previous=previous, feedback=feedback)
+
+    @incr.validator(version="1")
+    def sql_ok(candidate, r):
+        meaning = interpret(r)
+        if "paid" not in meaning:
+            raise incr.Reject(interpret, r, case="ambiguous", counterexample="which revenue?")
+        if meaning in candidate:
+            return incr.ACK("matches")
+        return incr.NACK("matches", counterexample=meaning)
+
+    @incr.llm(version="b", validators=[sql_ok])
+    def write_sql(r, *, previous=None, feedback=()):
+        log("B")
+        return gb(interpret(r), previous=previous, feedback=feedback)
+
+    with rt:
+        assert write_sql("q") == "SELECT paid revenue"
+    assert len(ga.calls) == 2 and ga.calls[1][0].case == "ambiguous"
+    assert rt.state(interpret, "q").revision == 2
+    # B's candidate was first re-validated under A's new output, failed, and B generated again
+    # with its own NACK as feedback; A's counterexample never reaches B
+    assert gb.calls[0] == () and [fb.case for fb in gb.calls[1]] == ["matches"]
+    assert len(gb.calls) == 2
+
+
+def test_reject_of_own_node_in_a_validator_is_a_nack(rt):
+    g = Gen("a", "ab")
+
+    @incr.validator(version="1")
+    def v(candidate, x):
+        if "b" not in candidate:
+            raise incr.Reject(node, x, case="b", counterexample="needs b")
+        return incr.ACK("b")
+
+    @incr.llm(validators=[v])
+    def node(x, *, previous=None, feedback=()):
+        return g(x, previous=previous, feedback=feedback)
+
+    with rt:
+        assert node(0) == "ab"
+    assert g.calls[1][0].counterexample == "needs b"
+
+
+def test_ping_pong_is_bounded_by_the_blamed_nodes_budget(rt):
+    g = Gen(*[f"v{i}" for i in range(100)])
+
+    @incr.llm(budget=incr.Budget(max_attempts=3))
+    def node(x, *, previous=None, feedback=()):
+        return g(x, previous=previous, feedback=feedback)
+
+    @incr.cell
+    def never_happy(x):
+        v = node(x)
+        raise incr.Reject(node, x, case="never", counterexample=v)
+
+    with rt:
+        with pytest.raises(incr.NotAccepted) as ei:
+            never_happy(0)
+    assert ei.value.reason == "budget" and len(g.calls) == 3
+    assert rt.state(node, 0).status == "failed"
+
+
+def test_reject_of_something_that_is_not_a_node_propagates(rt):
+    @incr.cell
+    def plain():
+        return 1
+
+    @incr.cell
+    def bad():
+        plain()
+        raise incr.Reject(plain, case="x")
+
+    with rt:
+        with pytest.raises(incr.Reject):
+            bad()
+
+
+def test_regression_cases_are_fed_back_and_rechecked(rt):
+    g = Gen("v1", "v2", "v3 fixed")
+    rechecked = []
+
+    def recheck(candidate, counterexample, x):
+        rechecked.append((candidate, counterexample))
+        if counterexample == "cex-a" and "fixed" not in candidate:
+            return incr.NACK("regress-a", counterexample="cex-a")
+        return incr.ACK("regress-" + counterexample)
+
+    @incr.llm(recheck=recheck, budget=incr.Budget(max_attempts=5))
+    def node(x, *, previous=None, feedback=()):
+        return g(x, previous=previous, feedback=feedback)
+
+    with rt:
+        assert node(0) == "v1"
+        rt.nack(node, 0, revision=1, case="a", counterexample="cex-a")
+        assert node(0) == "v3 fixed"
+    # v2 was generated with the counterexample, re-checked against it, rejected; v3 passed
+    assert [c for c, _ in rechecked] == ["v2", "v3 fixed"]
+    assert [fb.case for fb in g.calls[1]] == ["a"]
+    assert "a" in [fb.case for fb in g.calls[2]] or "regress-a" in [fb.case for fb in g.calls[2]]
+    st = rt.state(node, 0)
+    assert st.revision == 3 and st.status == "stable"
+
+
+def test_late_nack_counterexample_becomes_a_regression_case(rt):
+    g = Gen("v1", "v2", "v3")
+    rechecked = []
+
+    def recheck(candidate, counterexample, x):
+        rechecked.append(candidate)
+        return incr.ACK("r")
+
+    @incr.llm(recheck=recheck)
+    def node(x, *, previous=None, feedback=()):
+        return g(x, previous=previous, feedback=feedback)
+
+    with rt:
+        node(0)
+        rt.nack(node, 0, revision=1, case="a", counterexample="c1")
+        node(0)                                   # v2, rechecked against c1
+        rt.nack(node, 0, revision=1, case="b", counterexample="c2")   # late: v2 stays
+        assert rt.state(node, 0).status == "stable" and node(0) == "v2"
+    assert rechecked == ["v2"]
+
+
+def test_ack_completes_acceptance_of_the_current_revision_only(rt):
+    g = Gen("a", "b")
+
+    @incr.llm(accept=incr.Acceptance(min_cases=1))
+    def node(x, *, previous=None, feedback=()):
+        return g(x, previous=previous, feedback=feedback)
+
+    with rt:
+        with pytest.raises(incr.NotAccepted) as ei:
+            node(0)
+        assert ei.value.reason == "unknown"
+        rt.ack(node, 0, revision=1, case="human-review")
+        assert node(0) == "a"
+    assert len(g.calls) == 1
+    assert rt.state(node, 0).status == "stable"
+
+
+def test_effect_runs_behind_accepted_candidates_and_again_only_on_change(rt, log):
+    g = Gen("draft 1", "draft 2")
+    sent = []
+
+    @incr.llm(version="e")
+    def email(x, *, previous=None, feedback=()):
+        return g(x, previous=previous, feedback=feedback)
+
+    @incr.effect
+    def send(x):
+        sent.append(email(x))
+        return len(sent)
+
+    with rt:
+        send(0)
+        send(0)
+        assert sent == ["draft 1"]
+        rt.nack(email, 0, revision=1, case="tone", counterexample="too curt")
+        send(0)
+    assert sent == ["draft 1", "draft 2"]
+
+
+def test_effect_does_not_run_when_its_node_is_not_accepted(rt):
+    @incr.validator(version="1")
+    def no(candidate, x):
+        return incr.NACK("c", counterexample="x")
+
+    @incr.llm(validators=[no], budget=incr.Budget(max_attempts=2))
+    def email(x, *, previous=None, feedback=()):
+        return "text"
+
+    sent = []
+
+    @incr.effect
+    def send(x):
+        sent.append(email(x))
+
+    with rt:
+        with pytest.raises(incr.NotAccepted):
+            send(0)
+    assert sent == []
+
+
+def test_explain_says_why_a_withdrawn_node_ran(rt, story):
+    _request, _ga, _gb, _interpret, write_sql, run_query = story
+    with rt:
+        run_query("r")
+        rt.nack(write_sql, "r", revision=1, case="c", counterexample=1)
+        run_query("r")
+    assert "withdrawn" in rt.explain(write_sql, "r")
+    assert "write_sql('r') changed" in rt.explain(run_query, "r")
+
+
+def test_nack_from_inside_a_cell_is_refused(rt, story):
+    _request, _ga, _gb, _interpret, write_sql, _run_query = story
+
+    @incr.cell
+    def meddles():
+        write_sql("r")
+        rt.nack(write_sql, "r", revision=1, case="c")
+
+    with rt:
+        with pytest.raises(incr.ReentrancyError):
+            meddles()
