@@ -91,6 +91,7 @@ cdef class Cell:
     cdef object signature            # inspect.Signature, for binding keyword arguments
     cdef int n_positional            # parameters that can be passed positionally, no *args
     cdef bint simple                 # all parameters positional-or-keyword, no defaults, no */**
+    cdef public bint is_llm          # an incr.llm node: adoption from the store asks incr.llmnodes
     cdef Runtime cached_rt           # the runtime whose table was looked up last
     cdef dict cached_table
 
@@ -160,6 +161,7 @@ cdef class Runtime:
     cdef void set_input(self, Input i, object value) except *
     cdef void invalidate(self, Instance n) except *
     cdef bint absorb_reject(self, BaseException e) except -1
+    cdef list refs(self, object nodes)
     cdef void check_usable(self) except *
     cdef int attempt(self, Instance m, list stack, list idx) except -1
     cdef int probe_step(self, Instance m, list stack, list idx) except -1

@@ -251,6 +251,7 @@ cdef class Cell:
         self.simple = simple and sig is not None
         self.cached_rt = None
         self.cached_table = None
+        self.is_llm = False
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
             try:
                 setattr(self, attr, getattr(fn, attr))
@@ -804,6 +805,51 @@ cdef class Runtime:
         self.owner = ident
         return old
 
+    def _ikey(self, Instance n):
+        """n's instance key in the store, or None (no store, or it cannot be stored)."""
+        if self.store is None:
+            return None
+        cdef Persist p = n.persist
+        if p is None:
+            p = self.persist_of(n)
+        return p.ikey if p.ok else None
+
+    def _refs(self, nodes):
+        """Store references [kind, ref, value hash] naming ``nodes``, or None if one cannot
+        be named or hashed."""
+        return self.refs(nodes)
+
+    def _resolve_ref(self, ref):
+        """The node a stored reference names in this process (computing nothing), or None."""
+        if type(ref) is not list or len(ref) != 3:
+            return None
+        try:
+            return self.resolve(ref)
+        except Exception:
+            return None
+
+    def _vhash(self, Node n):
+        """n's content hash (b"" if it cannot be encoded)."""
+        return self.value_hash(n)
+
+    def _commit(self):
+        """Commit what the store has buffered (no-op in memory)."""
+        if self.store is not None and not self.frames and not self.stabilizing:
+            self.flush(False)
+
+    def _store_node(self, bytes ikey):
+        return self.store.node(ikey)
+
+    def _store_put_node(self, bytes ikey, bytes record):
+        self.store.put_node(ikey, record)
+
+    def _hash_value(self, value):
+        """The content hash a value would have here (b"" if it cannot be encoded)."""
+        try:
+            return _keys.digest("value", _keys.encode(value), self.hash)
+        except TypeError:
+            return b""
+
     def _dep_info(self, Instance n):
         """(label, revision of its last change, content hash or None) per dependency of n."""
         out = []
@@ -1056,6 +1102,10 @@ cdef class Runtime:
                     break
                 p.resolved.append(d)
                 p.di += 1
+            if matched and m.cell.is_llm:
+                # a candidate withdrawn by evidence (or a node not stable) is not taken back
+                from incr import llmnodes as _llm
+                matched = _llm._may_adopt(self, m, rec["vh"])
             if matched:
                 resolved = p.resolved
                 p.cands = None
@@ -1195,6 +1245,27 @@ cdef class Runtime:
         self.store.put(p.ikey + trace, pack_record({
             "cell": p.ident, "label": n.label(), "args": p.args, "val": val, "vh": n.vhash,
             "deps": deps, "run": self.store.run}))
+
+    cdef list refs(self, object nodes):
+        cdef Node d
+        cdef Persist dp
+        out = []
+        for d in nodes:
+            if not (d.flags & F_HAS_VALUE):
+                return None
+            h = self.value_hash(d)
+            if not h:
+                return None
+            if isinstance(d, Input):
+                out.append(["i", (<Input>d).name, h])
+            else:
+                dp = (<Instance>d).persist
+                if dp is None:
+                    dp = self.persist_of(<Instance>d)
+                if not dp.ok:
+                    return None
+                out.append(["c", [dp.ident, dp.args], h])
+        return out
 
     cdef void flush(self, bint quiet) except *:
         if quiet:

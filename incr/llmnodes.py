@@ -207,6 +207,8 @@ class _Node:
     rejections: int = 0
     context_key: str = ""
     dependency_revisions: dict = attrs.Factory(dict)
+    refs: list | None = None                # snapshot as store references (after a restore)
+    withdrawn: set = attrs.Factory(set)     # fingerprints of candidates NACKed from outside
 
 
 class _Bookkeeping:
@@ -310,6 +312,7 @@ class LLMNode(Cell):
         self.recheck = recheck
         self.backoff = backoff
         super().__init__(loop, version=version, cutoff=EQUAL)
+        self.is_llm = True
         # identity across processes: the definition and every validator's id and version
         if version is not None:
             base, exact = f"v:{version}", True
@@ -345,9 +348,7 @@ class _Loop:
         self.rt = current()
         self.book = _book(self.rt)
         inst = self.rt._running()
-        st = self.book.nodes.get(inst)
-        if st is None:
-            st = self.book.nodes[inst] = _Node(label=inst.label_text)
+        st = _node_of(self.rt, inst, create=True)
         self.inst = inst
         self.st = st
 
@@ -358,7 +359,7 @@ class _Loop:
         try:
             if st.has_candidate:
                 changed = self._reread()
-                if changed or st.snapshot is None:
+                if changed or (st.snapshot is None and st.refs is None):
                     self._new_epoch()
                     self._validate()
                 elif st.failed is not None and st.events == st.failed_events:
@@ -400,14 +401,28 @@ class _Loop:
                 if st.stale_streak >= 2:
                     self._fail("no_progress")
         finally:
-            reads = self.rt._reads()
+            reads = list(self.rt._reads())
             st.snapshot = [(d, d._changed_at) for d in reads]
+            st.refs = None
+            _save(self.rt, self.inst, st, reads)
 
     def _reread(self) -> bool:
         """Read again what the last run read (recording it); True if anything changed."""
         changed = False
-        for d, at in self.st.snapshot or ():
-            self.rt._read(d)
+        st, rt = self.st, self.rt
+        if st.snapshot is None and st.refs is not None:
+            # restored from the store: compare content hashes instead of clock ticks
+            for kind, ref, h in st.refs:
+                d = rt._resolve_ref([kind, ref, h])
+                if d is None:
+                    changed = True
+                    continue
+                rt._read(d)
+                if rt._vhash(d) != h:
+                    changed = True
+            return changed
+        for d, at in st.snapshot or ():
+            rt._read(d)
             if d._changed_at != at:
                 changed = True
         return changed
@@ -714,8 +729,8 @@ def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None) -> str:
 def _instance(rt, node, args, kwargs, what):
     if not isinstance(node, LLMNode):
         raise TypeError(f"rt.{what}: expected an @incr.llm node, got {node!r}")
-    inst = rt._instance(node, args, kwargs, create=False)
-    st = None if inst is None or rt.llm is None else rt.llm.nodes.get(inst)
+    inst = rt._instance(node, args, kwargs, create=rt.store_path is not None)
+    st = None if inst is None else _node_of(rt, inst, create=False)
     return inst, st
 
 
@@ -733,6 +748,11 @@ def _context_key(rt, node: LLMNode, inst) -> tuple[str, dict]:
 
 def state(rt, node, args, kwargs) -> NodeState:
     inst, st = _instance(rt, node, args, kwargs, "state")
+    if st is None and inst is not None and inst.action in ("loaded", "reused"):
+        # taken from the store with no saved state (or a damaged one): what the entry says
+        st = _book(rt).nodes[inst] = _Node(label=inst.label_text, candidate=inst.value,
+                                           has_candidate=True, revision=1, status="stable")
+        st.values[1] = inst.value
     if st is None:
         label = (inst.label_text if inst is not None else
                  f"{node.qualname_label}{tuple(args)!r}")
@@ -756,8 +776,11 @@ def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
             1 <= revision <= st.revision:
         raise ValueError(f"rt.{source}: revision must be one of the candidate revisions of "
                          f"{st.label} (1..{st.revision}), got {revision!r}")
-    if _note(st, f"rt.{source}", "", verdict, revision):
+    must = _note(st, f"rt.{source}", "", verdict, revision)
+    _save(rt, inst, st, None)
+    if must:
         rt._invalidate(inst)
+    rt._commit()          # a verdict from outside is durable when rt.nack/rt.ack returns
 
 
 def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
@@ -782,6 +805,8 @@ def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
     if isinstance(v, NACK):
         if st.status != "failed":
             st.status = "invalid"
+        if st.has_candidate:
+            st.withdrawn.add(_fingerprint(st.candidate))
         return True
     return st.status != "stable"
 
@@ -808,7 +833,7 @@ def _absorb_reject(rt, e: Reject):
         inst = rt._instance(node, e.node_args, {}, create=False)
     except TypeError:
         return None
-    st = None if inst is None or rt.llm is None else rt.llm.nodes.get(inst)
+    st = None if inst is None else _node_of(rt, inst, create=False)
     if st is None or not st.revision:
         e.add_note(f"incr: {node.qualname_label}{e.node_args!r} has no candidate to reject")
         return None
@@ -816,6 +841,7 @@ def _absorb_reject(rt, e: Reject):
     st.rejections += 1
     by = f"reject:{e.by}" if e.by else "reject"
     _note(st, by, "", NACK(e.case, e.counterexample, e.message), rev)
+    _save(rt, inst, st, None)
     return inst
 
 
@@ -831,3 +857,199 @@ def effect(fn=None, /, *, version=None):
         c._incr_effect = True
         return c
     return make if fn is None else make(fn)
+
+
+# --- persistence: the node's state in the store (kind-2 records in the ``nodes`` DB) ---------
+#
+# The accepted candidate itself is an ordinary entry (the node is a cell): a new process takes
+# it from the store without running the loop when everything the loop read hashes the same
+# (the PASS path). This record carries the rest: candidates, the ledger, the attempt log, the
+# failure report and what the last run read, so that a new process resumes where the last
+# one stopped. Payload values go through incr.keys (canonical msgpack, no pickle); a value
+# the codec cannot encode is kept as its repr, marked as such.
+
+
+def _node_of(rt, inst, create: bool) -> _Node | None:
+    book = _book(rt)
+    st = book.nodes.get(inst)
+    if st is None:
+        st = _load(rt, inst)
+        if st is None and create:
+            st = _Node(label=inst.label_text)
+        if st is not None:
+            book.nodes[inst] = st
+    return st
+
+
+def _enc(x: Any) -> list:
+    try:
+        return [0, _keys.encode(x)]
+    except TypeError:
+        return [1, repr(x)]
+
+
+def _dec(x: list) -> Any:
+    if type(x) is not list or len(x) != 2:
+        raise ValueError("malformed value")
+    if x[0] == 0 and type(x[1]) is bytes:
+        return _keys.decode(x[1])
+    if x[0] == 1 and type(x[1]) is str:
+        return x[1]
+    raise ValueError("malformed value")
+
+
+def _venc(v: Any) -> list:
+    if isinstance(v, ACK):
+        return ["ACK", v.case, _enc(v.evidence), ""]
+    if isinstance(v, NACK):
+        return ["NACK", v.case, _enc(v.counterexample), v.message]
+    return ["UNKNOWN", v.case, _enc(None), v.reason]
+
+
+def _vdec(x: list) -> Any:
+    kind, case, payload, text = x
+    if type(case) is not str or type(text) is not str:
+        raise ValueError("malformed verdict")
+    if kind == "ACK":
+        return ACK(case, _dec(payload))
+    if kind == "NACK":
+        return NACK(case, _dec(payload), text)
+    if kind == "UNKNOWN":
+        return UNKNOWN(case, text)
+    raise ValueError("malformed verdict")
+
+
+def _save(rt, inst, st: _Node, reads) -> None:
+    ikey = rt._ikey(inst)
+    if ikey is None or not st.has_candidate and st.failed is None:
+        return
+    refs = rt._refs(reads) if reads is not None else st.refs
+    if reads is None and st.snapshot is not None:
+        refs = rt._refs([d for d, _at in st.snapshot])
+    f = st.failed
+    best = None
+    if f is not None:
+        for rev, val in st.values.items():
+            if val is f.best and f.best is not None:
+                best = rev
+    payload = {
+        "label": st.label, "revision": st.revision, "status": st.status,
+        "candidate": _enc(st.candidate), "has": st.has_candidate,
+        "values": [[r, _enc(v)] for r, v in st.values.items()],
+        "ledger": [[vid, vver, case, rev, [_venc(v) for v in vs]]
+                   for (vid, vver, case, rev), (vs, _d) in st.ledger.items()],
+        "history": [[list(k), _venc(v), ep] for k, v, ep in st.history[-200:]],
+        "regressions": [_venc(v) for v in st.regressions],
+        "attempts": [[a.revision, a.fingerprint, [_venc(v) for v in a.feedback],
+                      [[vid, _venc(v)] for vid, v in a.verdicts], a.tokens, float(a.cost),
+                      float(a.seconds), a.note] for a in st.attempts[-100:]],
+        "fingerprints": [[k, r] for k, r in st.fingerprints.items()],
+        "withdrawn": sorted(st.withdrawn),
+        "epoch": st.epoch, "spent": [st.spent_attempts, st.spent_tokens, float(st.spent_cost)],
+        "evidence": [list(e) for e in st.evidence], "streak": st.stale_streak,
+        "events": st.events, "failed_events": st.failed_events, "rejections": st.rejections,
+        "failed": None if f is None else [f.reason, f.report, best, f.attempts],
+        "refs": refs,
+    }
+    from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC
+    import msgpack
+    body = msgpack.packb(payload, use_bin_type=True)
+    rt._store_put_node(ikey, HEADER.pack(MAGIC, FORMAT, KIND_NODE, len(body),
+                                         _keys.checksum(body)) + body)
+
+
+def _load(rt, inst) -> _Node | None:
+    ikey = rt._ikey(inst)
+    if ikey is None:
+        return None
+    data = rt._store_node(ikey)
+    if data is None:
+        return None
+    try:
+        return _unpack_node(data, inst.label_text)
+    except Exception as e:   # damaged or foreign: a miss, never a state
+        import warnings
+        from incr.store import DamagedRecordWarning
+        warnings.warn(f"incr store: the saved state of {inst.label_text} is damaged ({e}); "
+                      f"it starts afresh", DamagedRecordWarning, stacklevel=3)
+        return None
+
+
+def _unpack_node(data: bytes, label: str) -> _Node:
+    from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC, MAX_RECORD
+    import msgpack
+    if len(data) < HEADER.size:
+        raise ValueError("shorter than a header")
+    magic, fmt, kind, length, crc = HEADER.unpack_from(data)
+    if magic != MAGIC or fmt != FORMAT or kind != KIND_NODE:
+        raise ValueError("not an incr node record of this format")
+    if length > MAX_RECORD or length != len(data) - HEADER.size:
+        raise ValueError("length field does not match")
+    body = data[HEADER.size:]
+    if _keys.checksum(body) != crc:
+        raise ValueError("checksum mismatch")
+    p = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
+                        ext_hook=_no_ext)
+    if type(p) is not dict:
+        raise ValueError("payload is not a map")
+    st = _Node(label=label)
+    st.revision = int(p["revision"])
+    st.status = p["status"]
+    if st.status not in ("active", "stable", "invalid", "failed"):
+        raise ValueError("unknown status")
+    st.has_candidate = bool(p["has"])
+    st.candidate = _dec(p["candidate"])
+    st.values = {int(r): _dec(v) for r, v in p["values"]}
+    for vid, vver, case, rev, vs in p["ledger"]:
+        dec = [_vdec(v) for v in vs]
+        st.ledger[(vid, vver, case, int(rev))] = (
+            dec, {(v.kind, _cex_key(v) if isinstance(v, NACK) else "") for v in dec})
+    st.history = [(tuple(k), _vdec(v), int(ep)) for k, v, ep in p["history"]]
+    st.regressions = [_vdec(v) for v in p["regressions"]]
+    for rev, fp, fb, vds, tok, cost, sec, note in p["attempts"]:
+        st.attempts.append(_Attempt(int(rev), str(fp), tuple(_vdec(v) for v in fb),
+                                    [(str(vid), _vdec(v)) for vid, v in vds],
+                                    int(tok), float(cost), float(sec), str(note)))
+    st.fingerprints = {str(k): int(r) for k, r in p["fingerprints"]}
+    st.withdrawn = {str(x) for x in p["withdrawn"]}
+    st.epoch = int(p["epoch"])
+    st.spent_attempts, st.spent_tokens, st.spent_cost = (int(p["spent"][0]),
+                                                         int(p["spent"][1]),
+                                                         float(p["spent"][2]))
+    st.evidence = {tuple(e) for e in p["evidence"]}
+    st.stale_streak = int(p["streak"])
+    st.events = int(p["events"])
+    st.failed_events = int(p["failed_events"])
+    st.rejections = int(p["rejections"])
+    if p["failed"] is not None:
+        reason, report, best, attempts = p["failed"]
+        st.failed = NotAccepted(label, str(reason), str(report),
+                                None if best is None else st.values.get(int(best)),
+                                int(attempts))
+    refs = p["refs"]
+    if refs is not None and type(refs) is not list:
+        raise ValueError("malformed references")
+    st.refs = refs
+    return st
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"extension type {code} in a node record")
+
+
+def _may_adopt(rt, inst, vh: bytes) -> bool:
+    """May the stored value (content hash ``vh``) of this LLM node be taken from the store?
+    Not when its state says the candidate was withdrawn by a NACK, or the node is not stable."""
+    st = _node_of(rt, inst, create=False)
+    if st is None:
+        return True           # stored entries are accepted candidates
+    if st.status in ("invalid", "failed"):
+        return False
+    for rev, val in st.values.items():
+        if rt._hash_value(val) == vh:
+            if _fingerprint(val) in st.withdrawn:
+                return False
+            # an older context's accepted candidate comes back (change and revert)
+            st.candidate, st.revision, st.has_candidate = val, rev, True
+            st.status = "stable"
+    return True

@@ -5,7 +5,9 @@ Layout of a store directory (owner-only: the directory is 0700, the files 0600):
 - ``meta``    format version, creation time, run counter;
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
   record (below). Several traces of one instance coexist (change-and-revert finds the old one);
-- ``used``    per entry key: hit count and the last run that wrote or hit it (for inspect, gc).
+- ``used``    per entry key: hit count and the last run that wrote or hit it (for inspect, gc);
+- ``nodes``   per LLM node instance key: its state (candidates, verdict ledger, attempt log),
+  a record of kind 2 written by incr.llmnodes, committed in the same transaction as entries.
 
 A record is a 16-byte header — magic ``iR``, format version, kind, payload length (u32, big
 endian), xxh3_64 of the payload — then a msgpack payload (a map with str keys, checked against
@@ -41,6 +43,7 @@ MAGIC = b"iR"
 HEADER = struct.Struct(">2sBBI8s")
 MAX_RECORD = 64 << 20             # a record larger than this is damaged by definition
 KIND_CELL = 1
+KIND_NODE = 2
 INITIAL_MAP = 64 << 20
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs",
               "fuse.sshfs", "lustre", "gpfs", "davfs", "ncpfs", "coda"}
@@ -177,6 +180,7 @@ class Store:
         if not create and not os.path.isdir(self.path):
             raise StoreError(f"there is no incr store at {self.path}")
         self.pending: dict[bytes, bytes] = {}
+        self.pending_nodes: dict[bytes, bytes] = {}
         self.hits: dict[bytes, int] = {}
         self.reader = None               # a read transaction kept for one pass (end_pass)
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
@@ -213,7 +217,7 @@ class Store:
         if os.path.exists(data):
             size = max(size, os.path.getsize(data) * 2)
         try:
-            self.env = lmdb.open(path, map_size=size, max_dbs=4, mode=0o600, subdir=True,
+            self.env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
                                  readahead=False, meminit=False, max_readers=256)
         except lmdb.Error as e:
             raise StoreError(f"cannot open store {path}: {e}") from None
@@ -224,6 +228,7 @@ class Store:
             self.meta = self.env.open_db(b"meta")
             self.entries = self.env.open_db(b"entries")
             self.used = self.env.open_db(b"used")
+            self.nodes = self.env.open_db(b"nodes")
             with _begin(self.env, write=True) as txn:
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt is None:
@@ -253,6 +258,7 @@ class Store:
     def _env(self) -> lmdb.Environment:
         if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
             self.pending.clear()
+            self.pending_nodes.clear()
             self.hits.clear()
             self.damaged.clear()
             self.reader = None
@@ -312,6 +318,17 @@ class Store:
             out.sort(key=lambda kv: -kv[1]["run"])
         return out
 
+    def node(self, ikey: bytes) -> bytes | None:
+        """The stored state record of the LLM node instance ``ikey`` (a pending one first)."""
+        rec = self.pending_nodes.get(ikey)
+        if rec is not None:
+            return rec
+        with self._begin(db=self.nodes, buffers=False) as txn:
+            return txn.get(ikey)
+
+    def put_node(self, ikey: bytes, record: bytes) -> None:
+        self.pending_nodes[ikey] = record
+
     def end_pass(self) -> None:
         """Close the pass's read transaction (before a commit, and at the end of a pass)."""
         if self.reader is not None:
@@ -351,11 +368,12 @@ class Store:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
         earlier commits intact) if the disk is full or the store refuses the write."""
         self.end_pass()
-        if not self.pending and not self.hits and not self.damaged:
+        if not self.pending and not self.hits and not self.damaged and not self.pending_nodes:
             return
         env = self._env()
         pending, hits, damaged = self.pending, self.hits, self.damaged
-        self.pending, self.hits, self.damaged = {}, {}, set()
+        nodes = self.pending_nodes
+        self.pending, self.hits, self.damaged, self.pending_nodes = {}, {}, set(), {}
         for _attempt in range(8):
             try:
                 with env.begin(write=True) as txn:
@@ -368,6 +386,8 @@ class Store:
                                 txn.delete(k, db=self.entries)
                     for k in sorted(pending):
                         txn.put(k, pending[k], db=self.entries, overwrite=False)
+                    for k in sorted(nodes):   # node states: the latest writer wins
+                        txn.put(k, nodes[k], db=self.nodes)
                     touched = set(pending)
                     touched.update(hits)
                     # in key order: one cursor walks the B-tree forward instead of seeking
