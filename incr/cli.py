@@ -143,14 +143,18 @@ def _open_store(path: str):
 def inspect_cmd(path: str, as_json: bool, out) -> int:
     from incr.store import instances
 
+    from incr.llmnodes import summaries
+
     store = _open_store(path)
     try:
         rows = instances(store)
+        nodes = summaries(store)
         runs = store.run
     finally:
         store.close()
     if as_json:
-        json.dump({"store": path, "runs": runs, "instances": rows}, out, indent=2)
+        json.dump({"store": path, "runs": runs, "instances": rows, "llm_nodes": nodes}, out,
+                  indent=2)
         out.write("\n")
         return 0
     w = out.write
@@ -166,6 +170,17 @@ def inspect_cmd(path: str, as_json: bool, out) -> int:
         dmg = f"  ({r['damaged']} damaged)" if r["damaged"] else ""
         w(f"{lab:<{width}}  {r['traces']:>6}  {r['bytes']:>9}  {r['hits']:>6}  "
           f"{r['last_run']:>8}{dmg}\n")
+    if nodes:
+        w(f"\nLLM nodes: status, candidate revision, verdicts on that revision, attempts\n")
+        for n in nodes:
+            if n["damaged"]:
+                w(f"  (damaged state {n['key'][:16]}…)\n")
+                continue
+            v = n["verdicts"]
+            why = f" ({n['reason']})" if n["reason"] else ""
+            w(f"  {n['label']:<{width - 2}}  {n['status']}{why}, revision {n['revision']}, "
+              f"ACK {v['ACK']} NACK {v['NACK']} UNKNOWN {v['UNKNOWN']}, "
+              f"{n['attempts']} attempts, {n['regressions']} regression cases\n")
     return 0
 
 
@@ -293,6 +308,13 @@ def main(argv=None) -> int:
     p_demo.add_argument("--store", default=".incr", metavar="PATH",
                         help="the LMDB store to use (default: ./.incr)")
     p_demo.add_argument("--memory", action="store_true", help="keep everything in memory")
+    p_demo.add_argument("--sheet", action="store_true",
+                        help="the spreadsheet demo of the plain engine instead of the SQL story")
+    p_demo.add_argument("--model", metavar="openai:NAME",
+                        help="use a real OpenAI-compatible chat model instead of the scripted "
+                             "stand-in (needs `pip install 'incr[openai]'`)")
+    p_demo.add_argument("--base-url", metavar="URL",
+                        help="the endpoint for --model (e.g. http://localhost:8080/v1)")
     p_insp = sub.add_parser("inspect", help="list the instances a store holds")
     p_insp.add_argument("store", metavar="STORE")
     p_insp.add_argument("--json", action="store_true")
@@ -313,7 +335,12 @@ def main(argv=None) -> int:
     out = sys.stdout
     try:
         if args.command == "demo":
-            return demo(store=None if args.memory else args.store, as_json=args.json)
+            store = None if args.memory else args.store
+            if args.sheet:
+                return demo(store=store, as_json=args.json)
+            from incr import demo_sql
+            return demo_sql.run(store, model_spec=args.model, base_url=args.base_url,
+                                as_json=args.json)
         if args.command == "inspect":
             return inspect_cmd(args.store, args.json, out)
         if args.command == "graph":

@@ -1053,3 +1053,35 @@ def _may_adopt(rt, inst, vh: bytes) -> bool:
             st.candidate, st.revision, st.has_candidate = val, rev, True
             st.status = "stable"
     return True
+
+
+def summaries(store) -> list[dict]:
+    """One row per saved LLM node state (for ``incr inspect``): label, status, revision,
+    verdicts on the current revision, attempts, failure reason; damaged ones flagged."""
+    rows = []
+    for ikey, data in store.iter_nodes():
+        try:
+            st = _unpack_node(data, "?")
+            label = msgpack_label(data)
+        except Exception:
+            rows.append({"key": ikey.hex(), "label": None, "damaged": True})
+            continue
+        cur = {"ACK": 0, "NACK": 0, "UNKNOWN": 0}
+        for (_vid, _vv, _case, rev), (vs, _d) in st.ledger.items():
+            if rev == st.revision:
+                for v in vs:
+                    cur[v.kind] += 1
+        rows.append({"key": ikey.hex(), "label": label, "damaged": False,
+                     "status": st.status, "revision": st.revision, "verdicts": cur,
+                     "attempts": len([a for a in st.attempts if a.revision]),
+                     "regressions": len(st.regressions),
+                     "reason": st.failed.reason if st.failed is not None else None})
+    return sorted(rows, key=lambda r: r["label"] or "")
+
+
+def msgpack_label(data: bytes) -> str:
+    import msgpack
+    from incr.store import HEADER
+    p = msgpack.unpackb(data[HEADER.size:], raw=False, strict_map_key=True, ext_hook=_no_ext)
+    lab = p.get("label")
+    return lab if type(lab) is str else "?"

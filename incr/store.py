@@ -348,6 +348,11 @@ class Store:
                     rec = None
                 yield k, rec, len(v)
 
+    def iter_nodes(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every saved LLM node state: (instance key, raw record)."""
+        with self._begin(db=self.nodes, buffers=False) as txn:
+            yield from txn.cursor()
+
     def usage(self) -> dict[bytes, tuple[int, int]]:
         """Entry key -> (hits, last run that wrote or hit it)."""
         out = {}

@@ -48,7 +48,7 @@ def _demo_json(*args):
 
 
 def test_demo_shows_minimal_recomputation():
-    steps = _demo_json("--memory")["steps"]
+    steps = _demo_json("--sheet", "--memory")["steps"]
     first, apples, tax, same, coffee, apples2 = steps
     assert len(first["ran"]) == 8 and first["loaded"] == []
     assert tax["ran"] == ["tax()", "total()"]
@@ -59,9 +59,9 @@ def test_demo_shows_minimal_recomputation():
 
 def test_demo_second_process_recomputes_nothing(tmp_path):
     store = str(tmp_path / "demo-store")
-    first = _demo_json("--store", store)
+    first = _demo_json("--sheet", "--store", store)
     assert first["functions_run"] > 8 and first["stats"]["store_hits"] == 0
-    second = _demo_json("--store", store)
+    second = _demo_json("--sheet", "--store", store)
     assert second["functions_run"] == 0
     assert second["stats"]["computed"] == 0 and second["stats"]["recomputed"] == 0
     assert [s["total"] for s in second["steps"]] == [s["total"] for s in first["steps"]]
@@ -82,3 +82,42 @@ def test_demo_text_output(tmp_path):
     buf = StringIO()
     demo(store=store, out=buf)
     assert "This run computed nothing" in buf.getvalue()
+
+
+def test_sql_demo_story(tmp_path):
+    """incr demo: B forgets refunds, C's NACK carries the counterexample, only B generates
+    again; a data change re-runs the query only; a new process calls the model 0 times."""
+    store = str(tmp_path / "sql")
+    first = _demo_json("--store", store)
+    start, data = first["steps"]
+    assert first["model"].startswith("scripted stand-in")
+    assert start["generated"] == ["A", "B", "B (fed back: 1 NACK)"] and start["model_calls"] == 3
+    (nack,) = start["nacks"]
+    assert nack["revision"] == 1 and nack["case"] == "excludes_refunds"
+    assert nack["counterexample"]["expected"] == 1 and nack["counterexample"]["got"] == 2
+    assert "refunded = 0" in start["sql"] and start["sql_revision"] == 2
+    assert start["answer"] == 2
+    assert data["model_calls"] == 0 and data["checks_run"] == 0 and data["query_ran"]
+    assert data["answer"] == 3
+    second = _demo_json("--store", store)
+    assert second["model_calls"] == 0 and second["stats"]["generations"] == 0
+    assert [s["answer"] for s in second["steps"]] == [2, 3]
+    assert not any(s["query_ran"] for s in second["steps"])
+
+
+def test_sql_demo_text(tmp_path):
+    from io import StringIO
+
+    from incr import demo_sql
+
+    buf = StringIO()
+    assert demo_sql.run(None, out=buf) == 0
+    text = buf.getvalue()
+    assert "scripted stand-in (not an LLM)" in text
+    assert "only B was reopened by the NACK" in text and "answer = 3" in text
+    store = str(tmp_path / "s")
+    demo_sql.run(store, out=StringIO())
+    buf = StringIO()
+    demo_sql.run(store, out=buf)
+    assert "This run called the model 0 times" in buf.getvalue()
+    assert demo_sql.run(None, model_spec="bogus", out=StringIO()) == 2

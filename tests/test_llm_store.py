@@ -119,3 +119,22 @@ def test_damaged_node_state_is_a_miss(tmp_path):
     assert any(w[0] == "DamagedRecordWarning" for w in second["warnings"])
     # without its state the node starts afresh: the stored entry is an accepted candidate
     assert second["values"]["result"] == [1]
+
+
+def test_inspect_lists_llm_node_statuses_and_verdicts(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    store = tmp_path / "s"
+    run_program(tmp_path, STORY, store)
+    run_program(tmp_path, STORY, store, {"nack": True})
+    out = subprocess.run([sys.executable, "-m", "incr.cli", "inspect", str(store), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    (node,) = json.loads(out)["llm_nodes"]
+    assert node["label"] == "write_sql('q')" and node["status"] == "invalid"
+    assert node["revision"] == 2 and node["verdicts"]["NACK"] == 1
+    assert node["verdicts"]["ACK"] == 1 and node["regressions"] == 2
+    text = subprocess.run([sys.executable, "-m", "incr.cli", "inspect", str(store)],
+                          capture_output=True, text=True, check=True).stdout
+    assert "write_sql('q')  invalid, revision 2, ACK 1 NACK 1" in text
