@@ -143,7 +143,9 @@ cdef class Runtime:
     cdef long long n_store_hits, n_store_misses
     cdef readonly str hash
     cdef readonly object max_workers
-    cdef public object llm           # incr.llm's bookkeeping for this runtime (node states), or None
+    cdef public object llm           # incr.llmnodes' bookkeeping for this runtime, or None
+    cdef public object prefetch      # incr.llmnodes._Prefetch while stabilize gathers generator
+                                     # calls to run concurrently, else None
     # counters for stats()
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 

@@ -25,7 +25,8 @@ from cpython.contextvars cimport get_value
 cdef extern from "pythread.h":
     unsigned long PyThread_get_thread_ident()
 
-from incr.errors import CycleError, IncrError, NotPersistableWarning, ReentrancyError, Reject
+from incr.errors import (CycleError, IncrError, NotPersistableWarning, ReentrancyError, Reject,
+                         _Deferred)
 from incr.keys import normalize_args
 from incr import keys as _keys
 from incr.store import DamagedRecordWarning, Store, pack_record
@@ -135,6 +136,8 @@ cdef class Input(Node):
                 raise IncrError(rt._other_thread())
             rt.record_read(self)
         else:
+            if rt.prefetch is not None and rt.prefetch.reading:
+                rt.prefetch.read(self)   # a generator running ahead, in a worker thread
             cur = get_value(_active)
             if cur is not None and cur is not rt and cur.frames:
                 raise IncrError(
@@ -474,6 +477,7 @@ cdef class Runtime:
         self.closed = False
         self.store = None
         self.llm = None
+        self.prefetch = None
         if store is not None:
             self.store = Store(store, max_bytes=max_bytes)
 
@@ -569,16 +573,40 @@ cdef class Runtime:
         self.report_log = log
         self.failed.clear()
         cdef int rejects = 0
+        cdef int rounds = 0
+        if self.llm is not None and self.max_workers != 1:
+            from incr import llmnodes as _llm
+            self.prefetch = _llm._Prefetch(self)
         try:
             while True:
+                deferred = False
                 for n in todo:
                     if not (n.flags & F_HAS_VALUE) and n in self.failed:
-                        errors.append((n, self.failed[n]))  # failed earlier in this pass
+                        e = self.failed[n]  # failed earlier in this pass
+                        if isinstance(e, _Deferred):
+                            deferred = True
+                        else:
+                            errors.append((n, e))
                     elif _needs_work(n):
                         try:
                             self.ensure(n)
+                        except _Deferred:
+                            deferred = True
                         except Exception as e:
                             errors.append((n, e))
+                if deferred:
+                    # generator calls set aside in this pass run now, concurrently; then the
+                    # pass runs again and takes their results (replaying what they read)
+                    rounds += 1
+                    if not self.prefetch.run() or rounds > 32:
+                        self.prefetch.stop()  # nothing to run ahead: the next pass is serial
+                    errors = []
+                    self.failed.clear()
+                    todo = [n for n in dict.fromkeys(todo + self.dirty_observed)
+                            if n.observed_by is not None]
+                    self.dirty_observed = []
+                    todo.sort(key=_ts_key)
+                    continue
                 # an incr.Reject withdraws the candidate it blames (its dependents become
                 # stale through the usual propagation); the pass then runs again
                 again = False
@@ -597,6 +625,7 @@ cdef class Runtime:
                 todo.sort(key=_ts_key)
         finally:
             self.stabilizing = False
+            self.prefetch = None
             self.report_log = None
             _active.reset(token)
             if self.store is not None:
@@ -926,6 +955,13 @@ cdef class Runtime:
                 raise IncrError(self._other_thread())
             if not (n.flags & (F_RUNNING | F_VERIFYING)):
                 self.record_read(n)  # (an edge into a cycle is never recorded)
+        elif self.prefetch is not None and self.prefetch.reading:
+            # a generator running ahead in a worker thread (stabilize with max_workers): it
+            # may read what is up to date; anything else waits for the serial pass
+            if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
+                self.prefetch.read(n)
+                return n.value
+            raise _Deferred(n.label())
         elif not self.stabilizing:
             if self.closed:
                 self.check_usable()
@@ -1304,8 +1340,13 @@ cdef class Runtime:
         n.verified_at = self.clock
         n.ran_rev = self.revision
         n.last_action = A_FAILED
-        self.n_failed += 1
         self.failed[n] = e
+        if isinstance(e, _Deferred):   # set aside, not failed: it runs again in this pass
+            if n.observed_by is not None:
+                self.dirty_observed.append(n)
+            self.raise_ts(n)
+            return
+        self.n_failed += 1
         if n.observed_by is not None:
             self.dirty_observed.append(n)
         self.raise_ts(n)

@@ -84,3 +84,9 @@ class Reject(IncrError):
         label = getattr(node, "__qualname__", repr(node))
         super().__init__(f"{label}{args!r} rejected on case {case!r}"
                          + (f": {message}" if message else ""))
+
+
+class _Deferred(BaseException):
+    """Internal: an LLM node's generator call was set aside to run concurrently with others
+    (inside ``stabilize``). A BaseException, so that cells catching Exception let it pass;
+    it never reaches users."""

@@ -36,7 +36,7 @@ import attrs
 
 from incr import keys as _keys
 from incr._core import EQUAL, Cell, Instance, current
-from incr.errors import IncrError, NotAccepted, Reject
+from incr.errors import IncrError, NotAccepted, Reject, _Deferred
 
 __all__ = ["ACK", "NACK", "UNKNOWN", "Acceptance", "Budget", "Candidate", "LLMNode",
            "NodeState", "Validator", "effect", "llm", "validator"]
@@ -208,6 +208,8 @@ class _Node:
     context_key: str = ""
     dependency_revisions: dict = attrs.Factory(dict)
     refs: list | None = None                # snapshot as store references (after a restore)
+    prefetched: dict = attrs.Factory(dict)  # call key -> (outcome, reads) run ahead (stabilize)
+    pending: bool = False                   # a generator call was set aside mid-loop
     withdrawn: set = attrs.Factory(set)     # fingerprints of candidates NACKed from outside
 
 
@@ -356,12 +358,25 @@ class _Loop:
 
     def run(self) -> Any:
         st = self.st
+        deferred = False
         try:
             if st.has_candidate:
                 changed = self._reread()
+                if changed:
+                    st.pending = False
                 if changed or (st.snapshot is None and st.refs is None):
                     self._new_epoch()
+                    if self._vacuous():
+                        # no evidence could re-accept the old candidate in the new context:
+                        # the first candidate of this context is the one accepted
+                        return self._loop_on()
+                    # the current candidate is this context's first: it must not come back
+                    st.fingerprints[_fingerprint(st.candidate)] = st.revision
                     self._validate()
+                elif st.pending:
+                    # the last pass set a generator call aside: it goes on where it stopped
+                    st.pending = False
+                    return self._loop_on()
                 elif st.failed is not None and st.events == st.failed_events:
                     # nothing changed since it gave up: the same answer, no model call
                     f = st.failed
@@ -376,35 +391,57 @@ class _Loop:
                     self._fail(stop)
             else:
                 self._new_epoch()
-            while True:
-                stop = self._over_budget()
-                if stop:
-                    self._fail(stop)
-                cand = self._generate()
-                fp = _fingerprint(cand)
-                if fp in st.fingerprints:
-                    st.attempts[-1].note = (f"same as revision {st.fingerprints[fp]}")
-                    self._fail("oscillation", repeated=st.fingerprints[fp])
-                st.revision += 1
-                st.fingerprints[fp] = st.revision
-                st.values[st.revision] = cand
-                st.candidate, st.has_candidate = cand, True
-                st.attempts[-1].revision = st.revision
-                st.attempts[-1].fingerprint = fp[:18]
-                new = self._validate()
-                stop = self._decide()
-                if stop is None:
-                    return self._stable()
-                if stop != "retry":
-                    self._fail(stop)
-                st.stale_streak = 0 if new else st.stale_streak + 1
-                if st.stale_streak >= 2:
-                    self._fail("no_progress")
+            return self._loop_on()
+        except _Deferred:
+            deferred = True
+            raise
         finally:
-            reads = list(self.rt._reads())
-            st.snapshot = [(d, d._changed_at) for d in reads]
-            st.refs = None
+            # set aside: keep what this run read and learned (the next pass goes on from
+            # here), but save nothing until the generator's result is in
+            if not deferred:
+                st.pending = False
+            self._keep(save=not deferred)
+
+    def _loop_on(self) -> Any:
+        """Generate, validate, decide, until accepted or a stop condition holds."""
+        st = self.st
+        while True:
+            stop = self._over_budget()
+            if stop:
+                self._fail(stop)
+            cand = self._generate()
+            fp = _fingerprint(cand)
+            if fp in st.fingerprints:
+                st.attempts[-1].note = (f"same as revision {st.fingerprints[fp]}")
+                self._fail("oscillation", repeated=st.fingerprints[fp])
+            st.revision += 1
+            st.fingerprints[fp] = st.revision
+            st.values[st.revision] = cand
+            st.candidate, st.has_candidate = cand, True
+            st.attempts[-1].revision = st.revision
+            st.attempts[-1].fingerprint = fp[:18]
+            new = self._validate()
+            stop = self._decide()
+            if stop is None:
+                return self._stable()
+            if stop != "retry":
+                self._fail(stop)
+            st.stale_streak = 0 if new else st.stale_streak + 1
+            if st.stale_streak >= 2:
+                self._fail("no_progress")
+
+    def _keep(self, save: bool) -> None:
+        st = self.st
+        reads = list(self.rt._reads())
+        st.snapshot = [(d, d._changed_at) for d in reads]
+        st.refs = None
+        if save:
             _save(self.rt, self.inst, st, reads)
+
+    def _vacuous(self) -> bool:
+        """True when re-validation could not look at anything (no validators, no rechecks)."""
+        return not self.node.validators and (self.node.recheck is None
+                                             or not self.st.regressions)
 
     def _reread(self) -> bool:
         """Read again what the last run read (recording it); True if anything changed."""
@@ -435,6 +472,7 @@ class _Loop:
         st.ledger = {}
         st.epoch += 1
         st.evidence = set()
+        st.fingerprints = {}      # oscillation is a candidate coming back within one context
         st.status = "active"
         self._fresh_budget()
 
@@ -465,11 +503,12 @@ class _Loop:
         previous = st.candidate if st.has_candidate else None
         delay = node.backoff
         while True:
+            call = self._call_gen(previous, feedback)   # may set the call aside (_Deferred)
             st.spent_attempts += 1
             self.book.generations += 1
             t0 = time.monotonic()
             try:
-                out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
+                out = call()
             except Exception as e:
                 if not _transient(e):
                     raise
@@ -495,6 +534,35 @@ class _Loop:
             st.attempts.append(_Attempt(0, "", feedback, [], tokens, cost,
                                         time.monotonic() - t0))
             return out
+
+    def _call_gen(self, previous: Any, feedback: tuple) -> Callable[[], Any]:
+        """The generator call to make: a result that ran ahead in a worker thread (its reads
+        replayed here, so they are recorded as this run's dependencies), or a direct call.
+        Inside a stabilize that gathers calls, a call not yet made is set aside instead."""
+        st, node, rt = self.st, self.node, self.rt
+        key = (_fingerprint(previous) if st.has_candidate else None,
+               tuple(_cex_key(v) for v in feedback))
+        ahead = st.prefetched.pop(key, None)
+        if ahead is not None:
+            outcome, reads, seconds = ahead
+            fresh = True
+            for d, at in reads:
+                rt._read(d)
+                if d._changed_at != at:
+                    fresh = False
+            if fresh:
+                st.prefetched.clear()
+                def replay():
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    return outcome
+                return replay
+        pf = rt.prefetch
+        if pf is not None and pf.collecting:
+            pf.add(self.inst, st, node, self.args, self.kwargs, previous, feedback, key)
+            st.pending = True
+            raise _Deferred(st.label)
+        return lambda: node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
 
     def _feedback(self) -> tuple:
         """NACKs against the current candidate first, then earlier counterexamples."""
@@ -1085,3 +1153,72 @@ def msgpack_label(data: bytes) -> str:
     p = msgpack.unpackb(data[HEADER.size:], raw=False, strict_map_key=True, ext_hook=_no_ext)
     lab = p.get("label")
     return lab if type(lab) is str else "?"
+
+
+# --- running generators concurrently inside stabilize() --------------------------------------
+
+
+class _Prefetch:
+    """Generator calls set aside during one pass of ``stabilize`` and run together in worker
+    threads (up to ``max_workers``) between passes. A worker may read inputs and cells that
+    are up to date (the reads are logged and replayed by the next pass, which records them as
+    dependencies and checks that none changed); reading anything stale sets the call back to
+    the serial pass. The trace is only ever changed by the thread running the pass."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.collecting = True
+        self.reading = False
+        self.pending: list = []
+        self._local = threading.local()
+
+    def add(self, inst, st, node, args, kwargs, previous, feedback, key) -> None:
+        self.pending.append((st, node, args, kwargs, previous, feedback, key))
+
+    def read(self, n) -> None:
+        log = getattr(self._local, "log", None)
+        if log is not None:
+            log.append((n, n._changed_at))
+
+    def stop(self) -> None:
+        self.collecting = False
+
+    def run(self) -> bool:
+        """Run the pending calls concurrently; False if there was nothing to run."""
+        import contextvars
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo, self.pending = self.pending, []
+        if not todo:
+            return False
+        workers = self.rt.max_workers or 4
+
+        def call(item):
+            st, node, args, kwargs, previous, feedback, key = item
+            self._local.log = []
+            t0 = time.monotonic()
+            try:
+                out = node.gen(*args, previous=previous, feedback=feedback, **kwargs)
+            except _Deferred:
+                return item, None             # it read something stale: serial pass
+            except BaseException as e:        # kept, raised by the serial pass as if called there
+                out = e
+            finally:
+                reads, self._local.log = self._local.log, None
+            return item, (out, reads, time.monotonic() - t0)
+
+        self.reading = True
+        try:
+            with ThreadPoolExecutor(max_workers=min(workers, len(todo)),
+                                    thread_name_prefix="incr-generate") as ex:
+                futures = [ex.submit(contextvars.copy_context().run, call, item)
+                           for item in todo]
+                results = [f.result() for f in futures]
+        finally:
+            self.reading = False
+        for (st, _node, _a, _k, _p, _f, key), ahead in results:
+            if ahead is not None:
+                st.prefetched[key] = ahead
+        if any(ahead is None for _item, ahead in results):
+            self.collecting = False           # what could not run ahead runs in the serial pass
+        return True

@@ -17,7 +17,8 @@ What one call sends (``gen.messages(...)`` returns it without sending anything):
 - when ``previous`` is given (the node is asking again after a rejection): the previous
   candidate as an assistant message, then a user message listing each NACK of ``feedback``
   (case, message, counterexample as compact JSON, else its ``repr``) and asking for a
-  corrected answer.
+  corrected answer;
+- ``feedback`` without ``previous`` is never dropped: it is added to the prompt's user turn.
 
 It returns ``incr.Candidate(value, tokens=usage.total_tokens, cost=...)``; ``cost`` is computed
 only when ``price_per_token`` is given. The SDK's exceptions are never caught or wrapped: their
@@ -31,7 +32,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from incr.llmnodes import Candidate
 
@@ -72,15 +74,20 @@ def _as_text(candidate: Any) -> str:
     return candidate if isinstance(candidate, str) else _compact(candidate)
 
 
-def render_feedback(feedback: Iterable[Any], max_counterexample_chars: int | None = 4000) -> str:
+def render_feedback(feedback: Iterable[Any], max_counterexample_chars: int | None = 4000,
+                    *, previous_shown: bool = True) -> str:
     """The user message that follows the previous candidate: one entry per verdict of
     ``feedback`` (its case, its message, its counterexample as compact JSON, else ``repr``),
-    then the request for a corrected answer."""
+    then the request for a corrected answer. With ``previous_shown=False`` (feedback given
+    without the candidate it judged) it speaks of "an earlier answer" instead."""
     items = list(feedback)
     if not items:
         return ("That answer was not accepted. Write a corrected answer, in the same form "
                 "as before.")
-    lines = ["That answer was rejected by these checks:"]
+    if not previous_shown:
+        lines = ["An earlier answer was rejected by these checks:"]
+    else:
+        lines = ["That answer was rejected by these checks:"]
     for i, v in enumerate(items, 1):
         head = f"{i}. case {getattr(v, 'case', '?')!s}"
         message = getattr(v, "message", "")
@@ -88,8 +95,11 @@ def render_feedback(feedback: Iterable[Any], max_counterexample_chars: int | Non
         cex = getattr(v, "counterexample", None)
         if cex is not None:
             lines.append(f"   counterexample: {_clip(_compact(cex), max_counterexample_chars)}")
-    lines.append("Write a corrected answer that passes every check above, in the same form "
-                 "as before.")
+    if previous_shown:
+        lines.append("Write a corrected answer that passes every check above, in the same "
+                      "form as before.")
+    else:
+        lines.append("Write an answer that passes every check above.")
     return "\n".join(lines)
 
 
@@ -137,12 +147,22 @@ class ChatGenerator:
         out: list[dict] = []
         if self.system is not None:
             out.append({"role": "system", "content": self.system})
+        feedback = tuple(feedback)
+        if previous is None and feedback:
+            # feedback without the candidate it judged: said with the prompt, in the same
+            # user turn (some chat templates refuse two user messages in a row)
+            text = (self.render(feedback) if self.render is not None
+                    else render_feedback(feedback, self.max_counterexample_chars,
+                                         previous_shown=False))
+            if isinstance(prompt, str):
+                prompt = f"{prompt}\n\n{text}"
+            else:
+                prompt = [*prompt, {"role": "user", "content": text}]
         if isinstance(prompt, str):
             out.append({"role": "user", "content": prompt})
         else:
             out.extend(dict(m) for m in prompt)
         if previous is not None:
-            feedback = tuple(feedback)
             text = (self.render(feedback) if self.render is not None
                     else render_feedback(feedback, self.max_counterexample_chars))
             out.append({"role": "assistant", "content": _as_text(previous)})
