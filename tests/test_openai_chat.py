@@ -135,6 +135,25 @@ def test_previous_without_feedback_and_non_text_previous(sdk, http):
                                     "in the same form as before."}]
 
 
+def test_feedback_without_previous_is_not_dropped(sdk, http):
+    srv = Server(http, "x")
+    gen = openai_chat.chat_generator("m", system=SYSTEM, client=srv.client(sdk))
+    fb = (incr.NACK("refunds", counterexample={"got": 2}, message="exclude refunds"),)
+    gen("Write SQL", feedback=fb)
+    gen([{"role": "user", "content": "Write SQL"}], feedback=fb)
+    text = ("An earlier answer was rejected by these checks:\n"
+            "1. case refunds: exclude refunds\n"
+            '   counterexample: {"got":2}\n'
+            "Write an answer that passes every check above.")
+    assert srv.bodies[0]["messages"] == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Write SQL\n\n" + text}]
+    assert srv.bodies[1]["messages"] == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Write SQL"},
+        {"role": "user", "content": text}]
+
+
 def test_long_counterexamples_are_clipped_and_render_can_be_replaced(sdk, http):
     srv = Server(http, "x")
     gen = openai_chat.chat_generator("m", client=srv.client(sdk), max_counterexample_chars=10)
@@ -292,9 +311,8 @@ def test_a_node_lets_a_real_error_through_unretried(sdk, http, rt):
         return gen(request, previous=previous, feedback=feedback)
 
     write_sql.backoff = 0.001
-    with rt:
-        with pytest.raises(sdk.AuthenticationError):
-            write_sql("count")
+    with rt, pytest.raises(sdk.AuthenticationError):
+        write_sql("count")
     assert len(srv.requests) == 1
 
 
@@ -355,9 +373,8 @@ def test_token_budget_counts_what_the_server_reported(sdk, http, rt):
     def write_sql(request: str, *, previous=None, feedback=()):
         return gen(request, previous=previous, feedback=feedback)
 
-    with rt:
-        with pytest.raises(incr.NotAccepted) as info:
-            write_sql("x")
+    with rt, pytest.raises(incr.NotAccepted) as info:
+        write_sql("x")
     # 600 tokens per call: the budget of 1000 is spent after the second call
     assert info.value.reason == "budget"
     assert len(srv.requests) == 2
