@@ -22,7 +22,8 @@ again, and a recomputed value equal to the old one stops the propagation there (
 >>> print(rt.explain(total, 0.2))        # doctest: +ELLIPSIS
 total(0.2) was recomputed at revision 1 because subtotal() changed at revision 1...
 
-The contract is in the project's API.md; concepts are in docs/concepts.md.
+The contract is in the project's API.md; the words it uses are in docs/glossary.md, LLM
+nodes (generators accepted under validator evidence) in docs/llm.md.
 """
 
 from __future__ import annotations
