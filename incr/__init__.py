@@ -105,17 +105,18 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def cell(fn=None, /, *, version=None, cutoff=EQUAL):
+def cell(fn=None, /, *, version=None, cutoff=EQUAL, local=False):
     """Make ``fn`` an incremental cell.
 
     Use bare (``@incr.cell``) or with options (``@incr.cell(version="2", cutoff=incr.NEVER)``).
     ``cutoff`` decides when a recomputed value counts as unchanged: ``incr.EQUAL`` (same type
     and ``==``, the default), ``incr.IDENTITY`` (``is``), ``incr.NEVER`` (always changed) or a
     ``callable(old, new) -> bool`` that returns True for "unchanged". ``version`` names the
-    cell's definition for persistent stores.
+    cell's definition for persistent stores. ``local=True`` keeps the cell in this process when
+    the runtime has an executor (``Runtime(executor=...)``).
 
     Raises TypeError if ``fn`` is not callable or ``cutoff`` is none of the above.
     """
     if fn is None:
-        return lambda f: Cell(f, version=version, cutoff=cutoff)
-    return Cell(fn, version=version, cutoff=cutoff)
+        return lambda f: Cell(f, version=version, cutoff=cutoff, local=local)
+    return Cell(fn, version=version, cutoff=cutoff, local=local)

@@ -24,6 +24,8 @@ cdef enum NodeFlag:
     F_INPUT = 16       # an Input (always clean; changed_at moves on set)
     F_MUST_RUN = 32    # found stale during a deep verification; runs once its deps are ready
     F_INVALID = 64     # withdrawn by evidence (a NACK): runs again, never taken from the store
+    F_DEFERRED = 128   # this stabilize pass set its run aside (an executor runs it) or it waits
+                       # for such a dependency; cleared between passes
 
 
 cdef class Node:
@@ -92,6 +94,7 @@ cdef class Cell:
     cdef int n_positional            # parameters that can be passed positionally, no *args
     cdef bint simple                 # all parameters positional-or-keyword, no defaults, no */**
     cdef public bint is_llm          # an incr.llm node: adoption from the store asks incr.llmnodes
+    cdef public bint local           # never shipped to an executor (Runtime(executor=...))
     cdef Runtime cached_rt           # the runtime whose table was looked up last
     cdef dict cached_table
 
@@ -145,7 +148,10 @@ cdef class Runtime:
     cdef readonly object max_workers
     cdef public object llm           # incr.llmnodes' bookkeeping for this runtime, or None
     cdef public object prefetch      # incr.llmnodes._Prefetch while stabilize gathers generator
-                                     # calls to run concurrently, else None
+                                     # calls and executor runs to make concurrently, else None
+    cdef readonly object executor    # runs stale cells elsewhere (incr.adapters.dask/ray), or None
+    cdef list deferred               # instances marked F_DEFERRED in this pass
+    cdef Instance remote             # the instance whose run takes an executor's result now
     # counters for stats()
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 

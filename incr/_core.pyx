@@ -103,8 +103,12 @@ cdef class Node:
 
     @property
     def _changed_at(self):
-        """The clock tick of the last change of the value (for incr.llm)."""
+        """The clock tick of the last change of the value (incr.llmnodes, incr.remote)."""
         return self.changed_at
+
+    @property
+    def _has_value(self):
+        return (self.flags & F_HAS_VALUE) != 0
 
 
 cdef class Input(Node):
@@ -155,6 +159,11 @@ cdef class Input(Node):
         """
         self.rt.set_input(self, value)
 
+    def __reduce__(self):
+        # sent to an executor's worker, an input is a reference by name (incr.remote)
+        from incr import remote as _remote
+        return (_remote.InputRef, (self.name,))
+
     @property
     def changed_at_revision(self):
         """The revision at which the value last changed."""
@@ -184,6 +193,11 @@ cdef class Instance(Node):
         return self.label()
 
     @property
+    def _deps(self):
+        """What its last run read, in order (incr.remote)."""
+        return self.deps
+
+    @property
     def action(self):
         """What happened at its last verification: computed, recomputed, cutoff, reused,
         loaded (from the store), failed or none."""
@@ -210,7 +224,7 @@ cdef class Persist:
 cdef class Cell:
     """A memoized, dependency-tracking function. Create with ``@incr.cell``."""
 
-    def __init__(self, fn, *, version=None, cutoff=EQUAL):
+    def __init__(self, fn, *, version=None, cutoff=EQUAL, local=False):
         if not callable(fn):
             raise TypeError(f"incr.cell needs a function, got {fn!r}")
         self.fn = fn
@@ -255,6 +269,7 @@ cdef class Cell:
         self.cached_rt = None
         self.cached_table = None
         self.is_llm = False
+        self.local = bool(local)
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
             try:
                 setattr(self, attr, getattr(fn, attr))
@@ -266,6 +281,14 @@ cdef class Cell:
     @property
     def _incr_is_cell(self):
         return True
+
+    @property
+    def _signature(self):
+        return self.signature
+
+    @property
+    def _param_names(self):
+        return self.param_names
 
     cdef tuple bound(self, tuple args, dict kwargs):
         # the canonical positional form of a call: defaults applied, keywords placed
@@ -303,6 +326,19 @@ cdef class Cell:
             self.cached_rt = rt
             self.cached_table = table
         return rt.demand(rt.lookup(self, table, self.bound(args, kwargs), True))
+
+    def __reduce__(self):
+        # sent to an executor's worker, a cell is a reference: calling it there reads the
+        # value the driver gave for those arguments (incr.remote)
+        from incr import remote as _remote
+        return (_remote.CellRef, (self.name, _keys.cell_identity(self) or self.name,
+                                  self.signature))
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
     def __repr__(self):
         return f"<incr.cell {self.name}>"
@@ -450,7 +486,8 @@ cdef class Runtime:
     4
     """
 
-    def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None):
+    def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None,
+                 executor=None):
         if hash not in ("xxh3_128", "blake2b"):
             raise ValueError(f"Runtime: hash must be 'xxh3_128' or 'blake2b', got {hash!r}")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
@@ -478,6 +515,13 @@ cdef class Runtime:
         self.store = None
         self.llm = None
         self.prefetch = None
+        self.deferred = []
+        self.remote = None
+        if executor is not None and not (callable(getattr(executor, "submit", None))
+                                         and callable(getattr(executor, "results", None))):
+            raise TypeError(f"Runtime: executor must have submit() and results() (see "
+                            f"incr.adapters.dask and incr.adapters.ray), got {executor!r}")
+        self.executor = executor
         if store is not None:
             self.store = Store(store, max_bytes=max_bytes)
 
@@ -574,9 +618,10 @@ cdef class Runtime:
         self.failed.clear()
         cdef int rejects = 0
         cdef int rounds = 0
-        if self.llm is not None and self.max_workers != 1:
-            from incr import llmnodes as _llm
-            self.prefetch = _llm._Prefetch(self)
+        if (self.llm is not None and self.max_workers != 1) or self.executor is not None:
+            from incr import remote as _remote
+            self.prefetch = _remote.Ahead(self)
+        self.deferred = []
         try:
             while True:
                 deferred = False
@@ -594,9 +639,15 @@ cdef class Runtime:
                             deferred = True
                         except Exception as e:
                             errors.append((n, e))
+                if self.deferred:
+                    deferred = True
+                    for n in self.deferred:
+                        n.flags &= ~F_DEFERRED
+                    self.deferred = []
                 if deferred:
-                    # generator calls set aside in this pass run now, concurrently; then the
-                    # pass runs again and takes their results (replaying what they read)
+                    # generator calls and executor runs set aside in this pass run now,
+                    # concurrently; then the pass runs again and takes their results
+                    # (replaying what they read)
                     rounds += 1
                     if not self.prefetch.run() or rounds > 32:
                         self.prefetch.stop()  # nothing to run ahead: the next pass is serial
@@ -627,6 +678,9 @@ cdef class Runtime:
             self.stabilizing = False
             self.prefetch = None
             self.report_log = None
+            for n in self.deferred:
+                n.flags &= ~F_DEFERRED
+            self.deferred = []
             _active.reset(token)
             if self.store is not None:
                 self.flush(bool(errors))
@@ -715,6 +769,10 @@ cdef class Runtime:
                 self.store.commit()
             finally:
                 self.store.close()
+
+    def __reduce__(self):
+        raise TypeError("an incr.Runtime cannot be pickled or sent to another process; "
+                        "cells and inputs travel as references (see incr.remote)")
 
     def __repr__(self):
         return (f"<incr.Runtime revision={self.revision} inputs={len(self.inputs)} "
@@ -879,6 +937,10 @@ cdef class Runtime:
         except TypeError:
             return b""
 
+    def _input(self, str name):
+        """The input declared as ``name``, or None."""
+        return self.inputs.get(name)
+
     def _dep_info(self, Instance n):
         """(label, revision of its last change, content hash or None) per dependency of n."""
         out = []
@@ -1035,6 +1097,11 @@ cdef class Runtime:
                     must_run = (m.flags & (F_MUST_RUN | F_INVALID)) != 0
                     while i < nd:
                         d = <Node>deps[i]
+                        if d.flags & F_DEFERRED:
+                            # its run is set aside for this pass: m waits for the next one
+                            m.flags |= F_DEFERRED
+                            i += 1
+                            continue
                         if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
                             if d.flags & (F_VERIFYING | F_RUNNING):
                                 raise CycleError([m.label(), _node_label(d), m.label()])
@@ -1049,8 +1116,11 @@ cdef class Runtime:
                             # d failed last time, or changed: m must run
                             must_run = True
                             m.why = d
-                            if len(self.frames) < DEEP:
+                            if len(self.frames) < DEEP and self.prefetch is None:
                                 break
+                            # (with runs set aside for concurrency, every stale dependency is
+                            # brought up to date first, so that independent ones are found
+                            # in the same pass)
                             # Deep inside nested runs: bring m's other dirty dependencies up
                             # to date here, on this explicit stack, before m runs and reads
                             # them, so that depth of the graph never becomes depth of the
@@ -1060,7 +1130,9 @@ cdef class Runtime:
                         i += 1
                     if pushed:
                         continue
-                    if must_run:
+                    if m.flags & F_DEFERRED:
+                        self.deferred.append(m)   # waits: neither run nor verified now
+                    elif must_run:
                         m.flags &= ~F_MUST_RUN
                         if self.attempt(m, stack, idx) == PUSHED:
                             continue
@@ -1089,7 +1161,28 @@ cdef class Runtime:
             r = self.probe_step(m, stack, idx)
             if r != NOMATCH:
                 return r
-        self.run_in_stack(m, len(stack) == 1)
+        if self.prefetch is not None and self.executor is not None and not self.frames \
+                and (m.flags & F_HAS_VALUE) and not m.cell.local:
+            # an executor runs it: with its result (reads replayed in run), or set aside now
+            r = self.prefetch.ship(m)
+            if r == 0:
+                m.flags |= F_DEFERRED
+                self.deferred.append(m)
+                return DONE
+            if r == 2:                    # it read something it was not given: that first
+                d = self.prefetch.missing_node(m)
+                if d is not None and _needs_work(d) and not (d.flags & (F_VERIFYING | F_RUNNING)):
+                    d.flags |= F_VERIFYING
+                    stack.append(d)
+                    idx.append(0)
+                    return PUSHED
+                return self.attempt(m, stack, idx)
+            if r == 1:
+                self.remote = m
+        try:
+            self.run_in_stack(m, len(stack) == 1)
+        finally:
+            self.remote = None
         return DONE
 
     cdef int probe_step(self, Instance m, list stack, list idx) except -1:
@@ -1375,7 +1468,10 @@ cdef class Runtime:
         self.frames.append(f)
         n.flags = (n.flags | F_RUNNING) & ~F_INVALID
         try:
-            value = n.cell.invoke(n.args)
+            if self.remote is n:
+                value = self.prefetch.take(n)   # an executor's result; its reads replayed
+            else:
+                value = n.cell.invoke(n.args)
         except BaseException as e:
             self.frames.pop()
             self.fail(n, f.reads, had, e, "raised in cell")

@@ -313,7 +313,7 @@ class LLMNode(Cell):
         self.budget = budget
         self.recheck = recheck
         self.backoff = backoff
-        super().__init__(loop, version=version, cutoff=EQUAL)
+        super().__init__(loop, version=version, cutoff=EQUAL, local=True)
         self.is_llm = True
         # identity across processes: the definition and every validator's id and version
         if version is not None:
@@ -921,7 +921,7 @@ def effect(fn=None, /, *, version=None):
     (an LLM node returns nothing else), a later withdrawal of those candidates does not undo
     it, and it runs again only when what it read changes."""
     def make(f):
-        c = Cell(f, version=version, cutoff=EQUAL)
+        c = Cell(f, version=version, cutoff=EQUAL, local=True)   # never on a remote worker
         c._incr_effect = True
         return c
     return make if fn is None else make(fn)
@@ -1153,72 +1153,3 @@ def msgpack_label(data: bytes) -> str:
     p = msgpack.unpackb(data[HEADER.size:], raw=False, strict_map_key=True, ext_hook=_no_ext)
     lab = p.get("label")
     return lab if type(lab) is str else "?"
-
-
-# --- running generators concurrently inside stabilize() --------------------------------------
-
-
-class _Prefetch:
-    """Generator calls set aside during one pass of ``stabilize`` and run together in worker
-    threads (up to ``max_workers``) between passes. A worker may read inputs and cells that
-    are up to date (the reads are logged and replayed by the next pass, which records them as
-    dependencies and checks that none changed); reading anything stale sets the call back to
-    the serial pass. The trace is only ever changed by the thread running the pass."""
-
-    def __init__(self, rt):
-        self.rt = rt
-        self.collecting = True
-        self.reading = False
-        self.pending: list = []
-        self._local = threading.local()
-
-    def add(self, inst, st, node, args, kwargs, previous, feedback, key) -> None:
-        self.pending.append((st, node, args, kwargs, previous, feedback, key))
-
-    def read(self, n) -> None:
-        log = getattr(self._local, "log", None)
-        if log is not None:
-            log.append((n, n._changed_at))
-
-    def stop(self) -> None:
-        self.collecting = False
-
-    def run(self) -> bool:
-        """Run the pending calls concurrently; False if there was nothing to run."""
-        import contextvars
-        from concurrent.futures import ThreadPoolExecutor
-
-        todo, self.pending = self.pending, []
-        if not todo:
-            return False
-        workers = self.rt.max_workers or 4
-
-        def call(item):
-            st, node, args, kwargs, previous, feedback, key = item
-            self._local.log = []
-            t0 = time.monotonic()
-            try:
-                out = node.gen(*args, previous=previous, feedback=feedback, **kwargs)
-            except _Deferred:
-                return item, None             # it read something stale: serial pass
-            except BaseException as e:        # kept, raised by the serial pass as if called there
-                out = e
-            finally:
-                reads, self._local.log = self._local.log, None
-            return item, (out, reads, time.monotonic() - t0)
-
-        self.reading = True
-        try:
-            with ThreadPoolExecutor(max_workers=min(workers, len(todo)),
-                                    thread_name_prefix="incr-generate") as ex:
-                futures = [ex.submit(contextvars.copy_context().run, call, item)
-                           for item in todo]
-                results = [f.result() for f in futures]
-        finally:
-            self.reading = False
-        for (st, _node, _a, _k, _p, _f, key), ahead in results:
-            if ahead is not None:
-                st.prefetched[key] = ahead
-        if any(ahead is None for _item, ahead in results):
-            self.collecting = False           # what could not run ahead runs in the serial pass
-        return True

@@ -1,0 +1,325 @@
+"""Work that ``stabilize()`` runs ahead, concurrently: LLM generator calls in threads, and stale
+cells on an executor (a Dask or Ray cluster: ``Runtime(executor=...)``). Internal.
+
+How a pass uses it (see ``Runtime.stabilize``): the serial pass sets such work aside instead of
+doing it (the instance is marked deferred; what reads it waits); between passes, everything set
+aside runs at once; the next pass takes the results. The trace is only ever changed by the
+thread running the pass.
+
+A cell shipped to an executor runs its function on a worker against the values of the
+dependencies its last run read, sent along with it. Cells and inputs travel as references
+(``CellRef``, ``InputRef``): calling one on the worker returns the value the driver gave for it,
+and records the read. A read of something not given stops the run ("missing"); the driver
+brings that dependency up to date and sends the run again with the extra value — a restarting
+scheduler. The result comes back with the list of reads; the driver replays the reads (they
+become the instance's dependencies, exactly as in a local run, and must still be current) and
+records the value in the trace and the store as a local run would.
+
+Failures: an exception raised by the function travels back and is raised by the pass as if
+the function had run locally. A failure of the executor itself (a worker killed, a lost
+connection) makes the cell run locally instead, with one ``RuntimeWarning``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from incr import keys as _keys
+from incr.errors import _Deferred
+
+MAX_RESTARTS = 8
+
+# -- on the worker ---------------------------------------------------------------------------
+
+_ctx = threading.local()
+
+
+class _Missing(Exception):
+    def __init__(self, key: bytes):
+        self.key = key
+
+
+def _cell_key(ident: str, args: tuple) -> bytes:
+    return b"c" + ident.encode() + b"\0" + _keys.encode(args)
+
+
+def _input_key(name: str) -> bytes:
+    return b"i" + name.encode()
+
+
+def _lookup(key: bytes) -> Any:
+    given = getattr(_ctx, "given", None)
+    if given is None:
+        raise RuntimeError("an incr cell or input reference can only be read inside a run "
+                           "that incr sent to an executor")
+    if key not in given:
+        raise _Missing(key)
+    _ctx.reads.append(key)
+    return given[key]
+
+
+class CellRef:
+    """A cell, on a worker: calling it reads the value the driver gave for those arguments."""
+
+    def __init__(self, name: str, ident: str, signature: Any):
+        self.name = name
+        self.ident = ident
+        self.signature = signature
+
+    def __call__(self, *args, **kwargs):
+        if self.signature is not None:
+            ba = self.signature.bind(*args, **kwargs)
+            ba.apply_defaults()
+            args = tuple(ba.arguments.values())
+        return _lookup(_cell_key(self.ident, args))
+
+    def __repr__(self):
+        return f"<incr cell reference {self.name}>"
+
+
+class InputRef:
+    """An input, on a worker: ``get()`` reads the value the driver gave."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @property
+    def _incr_input_name(self):
+        return self.name
+
+    def get(self):
+        return _lookup(_input_key(self.name))
+
+    def __repr__(self):
+        return f"InputRef({self.name!r})"
+
+
+def run_remote(fn, signature, names, args, given):
+    """Run one cell function on a worker. Returns (kind, payload, reads): ("ok", value),
+    ("error", exception) or ("missing", key of the first read that was not given)."""
+    _ctx.given, _ctx.reads = given, []
+    try:
+        if signature is None or len(names) == len(args) and all(
+                p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                for p in signature.parameters.values()):
+            value = fn(*args)
+        else:
+            import inspect
+            ba = inspect.BoundArguments(signature, dict(zip(names, args)))
+            value = fn(*ba.args, **ba.kwargs)
+        return ("ok", value, _ctx.reads)
+    except _Missing as m:
+        return ("missing", m.key, _ctx.reads)
+    except Exception as e:
+        return ("error", e, _ctx.reads)
+    finally:
+        _ctx.given = _ctx.reads = None
+
+
+# -- on the driver ---------------------------------------------------------------------------
+
+
+class Ahead:
+    """What one ``stabilize`` runs ahead of its serial passes (rt.prefetch)."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.collecting = True      # LLM generator calls are set aside (incr.llmnodes)
+        self.reading = False        # worker threads are running generators now
+        self.pending: list = []     # generator calls set aside
+        self._local = threading.local()
+        # executor runs: instance -> state
+        self.tasks: dict = {}       # instance -> (given, keymap) waiting to be sent
+        self.done: dict = {}        # instance -> (kind, payload, reads, keymap, stamps)
+        self.extra: dict = {}       # instance -> nodes read beyond its last run's dependencies
+        self.restarts: dict = {}
+        self.local: set = set()     # instances to run here after an executor failure
+        self.warned = False
+
+    # -- generator calls (incr.llmnodes) ------------------------------------------------------
+
+    def add(self, inst, st, node, args, kwargs, previous, feedback, key) -> None:
+        self.pending.append((st, node, args, kwargs, previous, feedback, key))
+
+    def read(self, n) -> None:
+        log = getattr(self._local, "log", None)
+        if log is not None:
+            log.append((n, n._changed_at))
+
+    def stop(self) -> None:
+        self.collecting = False
+        self.local.update(self.tasks)
+        self.tasks.clear()
+
+    # -- executor runs (the engine's attempt/run) --------------------------------------------
+
+    def ship(self, m) -> int:
+        """1: a result is ready (run() takes it); 0: set aside for the executor; 2: it read
+        something it was not given (bring ``missing_node(m)`` up to date, then ask again);
+        3: run it here."""
+        if m in self.local or not self.collecting and m not in self.done:
+            return 3
+        out = self.done.get(m)
+        if out is not None:
+            kind, payload, reads, keymap, stamps = out
+            if any(n._changed_at != at for n, at in stamps):
+                del self.done[m]                 # what it was given moved on: send again
+            elif kind == "missing":
+                return 2
+            else:
+                return 1
+        if m not in self.tasks:
+            given, keymap = self._given(m)
+            if given is None:
+                return 3
+            self.tasks[m] = (given, keymap)
+        return 0
+
+    def missing_node(self, m):
+        """The node an executor run asked for and was not given; it will be given next time."""
+        kind, key, reads, keymap, stamps = self.done.pop(m)
+        self.restarts[m] = self.restarts.get(m, 0) + 1
+        if self.restarts[m] > MAX_RESTARTS:
+            self.local.add(m)
+            return None
+        node = self._resolve(key)
+        if node is None:
+            self.local.add(m)
+            return None
+        self.extra.setdefault(m, []).append(node)
+        return node
+
+    def take(self, m) -> Any:
+        """Inside m's run: replay the reads of its executor run (recording them), return its
+        value or raise its exception."""
+        kind, payload, reads, keymap, stamps = self.done.pop(m)
+        rt = self.rt
+        for key in reads:
+            n = keymap.get(key)
+            if n is not None:
+                rt._read(n)
+        if kind == "error":
+            raise payload
+        return payload
+
+    def _given(self, m):
+        rt = self.rt
+        given, keymap, stamps = {}, {}, []
+        for d in list(m._deps) + self.extra.get(m, []):
+            try:
+                key = self._key(d)
+            except TypeError:
+                return None, None
+            if key is None:
+                return None, None
+            if not d._has_value:
+                continue                        # it failed: a read of it stops the run
+            given[key] = d.value
+            keymap[key] = d
+        return given, keymap
+
+    def _key(self, d) -> bytes | None:
+        from incr._core import Input
+        if isinstance(d, Input):
+            return _input_key(d.name)
+        ident = _keys.cell_identity(d.cell)
+        if ident is None:
+            return None
+        return _cell_key(ident, tuple(d.args))
+
+    def _resolve(self, key: bytes):
+        rt = self.rt
+        if key[:1] == b"i":
+            return rt._input(key[1:].decode())
+        ident, _, args = key[1:].partition(b"\0")
+        cell = _keys.cell_for(ident.decode())
+        if cell is None:
+            return None
+        try:
+            args = _keys.decode(args)
+        except _keys.DecodeError:
+            return None
+        try:
+            return rt._instance(cell, tuple(args), {})
+        except TypeError:
+            return None
+
+    # -- running what was set aside ------------------------------------------------------------
+
+    def run(self) -> bool:
+        """Run everything set aside, concurrently; False if there was nothing to run."""
+        gens, self.pending = self.pending, []
+        tasks, self.tasks = self.tasks, {}
+        if not gens and not tasks:
+            return False
+        ex = self.rt.executor
+        handles = []
+        if tasks:
+            for m, (given, keymap) in tasks.items():
+                stamps = [(n, n._changed_at) for n in keymap.values()]
+                cell = m.cell
+                try:
+                    h = ex.submit(run_remote, cell.fn, cell._signature, cell._param_names,
+                                  tuple(m.args), given)
+                except Exception as e:
+                    self._lost(m, e)
+                    continue
+                handles.append((m, keymap, stamps, h))
+        if gens:
+            self._generate(gens)
+        if handles:
+            try:
+                outs = ex.results([h for _m, _k, _s, h in handles])
+            except Exception as e:  # the executor itself failed: run these here
+                outs = [(False, e)] * len(handles)
+            for (m, keymap, stamps, _h), (ok, out) in zip(handles, outs):
+                if not ok:
+                    self._lost(m, out)
+                    continue
+                kind, payload, reads = out
+                self.done[m] = (kind, payload, reads, keymap, stamps)
+        return True
+
+    def _lost(self, m, e) -> None:
+        self.local.add(m)
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"incr: the executor could not run {m.label_text} ({type(e).__name__}: "
+                          f"{e}); it runs in this process instead", RuntimeWarning, stacklevel=4)
+
+    def _generate(self, todo) -> None:
+        workers = self.rt.max_workers or 4
+
+        def call(item):
+            st, node, args, kwargs, previous, feedback, key = item
+            self._local.log = []
+            t0 = time.monotonic()
+            try:
+                out = node.gen(*args, previous=previous, feedback=feedback, **kwargs)
+            except _Deferred:
+                return item, None             # it read something stale: serial pass
+            except BaseException as e:        # kept, raised by the serial pass as if called there
+                out = e
+            finally:
+                reads, self._local.log = self._local.log, None
+            return item, (out, reads, time.monotonic() - t0)
+
+        self.reading = True
+        try:
+            with ThreadPoolExecutor(max_workers=min(workers, len(todo)),
+                                    thread_name_prefix="incr-generate") as pool:
+                futures = [pool.submit(contextvars.copy_context().run, call, item)
+                           for item in todo]
+                results = [f.result() for f in futures]
+        finally:
+            self.reading = False
+        for (st, _node, _a, _k, _p, _f, key), ahead in results:
+            if ahead is not None:
+                st.prefetched[key] = ahead
+        if any(ahead is None for _item, ahead in results):
+            self.collecting = False           # what could not run ahead runs in the serial pass
