@@ -17,6 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 
+def _call(fn, *args):
+    return fn(*args)
+
+
 class RayExecutor:
     """An incr executor on the Ray cluster this process is connected to (``ray.init()``)."""
 
@@ -28,11 +32,9 @@ class RayExecutor:
         if not ray.is_initialized():
             raise RuntimeError("RayExecutor: call ray.init() first (ray.init(num_cpus=2) starts "
                                "a local cluster)")
-        from incr.remote import run_remote
-
         self._ray = ray
         options = {"max_retries": 3, **task_options}
-        self._task = ray.remote(run_remote).options(**options)
+        self._task = ray.remote(_call).options(**options)
 
     def submit(self, fn, *args):
         return self._task.remote(fn, *args)
