@@ -147,6 +147,7 @@ cdef class Runtime:
     cdef readonly str hash
     cdef readonly object max_workers
     cdef public object llm           # incr.llmnodes' bookkeeping for this runtime, or None
+    cdef readonly dict extensions    # per-runtime state of adapters (incr.adapters.*), by name
     cdef public object prefetch      # incr.llmnodes._Prefetch while stabilize gathers generator
                                      # calls and executor runs to make concurrently, else None
     cdef readonly object executor    # runs stale cells elsewhere (incr.adapters.dask/ray), or None

@@ -514,6 +514,7 @@ cdef class Runtime:
         self.closed = False
         self.store = None
         self.llm = None
+        self.extensions = {}
         self.prefetch = None
         self.deferred = []
         self.remote = None

@@ -137,7 +137,7 @@ EXT_INPUT = 4
 _NAN = _struct.unpack(">d", bytes.fromhex("7ff8000000000000"))[0]
 
 DOMAINS = {"input": b"I", "cell": b"C", "value": b"V", "llm": b"L", "validator": b"A",
-           "trace": b"T"}
+           "trace": b"T", "langgraph": b"G", "prefect": b"P"}
 
 
 import threading as _threading

@@ -908,7 +908,12 @@ def _absorb_reject(rt, e: Reject):
     rev = e.revision if e.revision is not None else st.revision
     st.rejections += 1
     by = f"reject:{e.by}" if e.by else "reject"
-    _note(st, by, "", NACK(e.case, e.counterexample, e.message), rev)
+    if not _note(st, by, "", NACK(e.case, e.counterexample, e.message), rev):
+        # nothing new: the same NACK again, or one for a revision already replaced. Running
+        # the rejecting computation again would only reject again: the Reject propagates.
+        e.add_note(f"incr: {st.label} was already rejected on {e.case!r} for revision {rev}; "
+                   f"the rejecting computation does not read a newer candidate of it")
+        return None
     _save(rt, inst, st, None)
     return inst
 
