@@ -360,47 +360,51 @@ class _Loop:
         st = self.st
         deferred = False
         try:
-            if st.has_candidate:
-                changed = self._reread()
-                if changed:
-                    st.pending = False
-                if changed or (st.snapshot is None and st.refs is None):
-                    self._new_epoch()
-                    if self._vacuous():
+            first = st.snapshot is None and st.refs is None
+            changed = first or self._reread()
+            if changed:
+                st.pending = False
+            if changed:
+                self._new_epoch()
+                if st.has_candidate:
+                    if self._vacuous() and not self._withdrawn_now():
                         # no evidence could re-accept the old candidate in the new context:
                         # the first candidate of this context is the one accepted
                         return self._loop_on()
                     # the current candidate is this context's first: it must not come back
                     st.fingerprints[_fingerprint(st.candidate)] = st.revision
                     self._validate()
-                elif st.pending:
-                    # the last pass set a generator call aside: it goes on where it stopped
-                    st.pending = False
-                    return self._loop_on()
-                elif st.failed is not None and st.events == st.failed_events:
-                    # nothing changed since it gave up: the same answer, no model call
-                    f = st.failed
-                    raise NotAccepted(f.label, f.reason, f.report, f.best, f.attempts)
-                elif st.failed is not None:
-                    # it gave up, and new evidence came from outside: a fresh budget
-                    self._fresh_budget()
+            elif st.pending:
+                # the last pass set a generator call aside: it goes on where it stopped
+                st.pending = False
+                return self._loop_on()
+            elif st.failed is not None and st.events == st.failed_events:
+                # nothing changed since it gave up: the same answer, no model call
+                f = st.failed
+                raise NotAccepted(f.label, f.reason, f.report, f.best, f.attempts)
+            elif st.failed is not None:
+                # it gave up, and new evidence came from outside: a fresh budget
+                self._fresh_budget()
+            if st.has_candidate:
                 stop = self._decide()
                 if stop is None:
                     return self._stable()
                 if stop != "retry":
                     self._fail(stop)
-            else:
-                self._new_epoch()
             return self._loop_on()
         except _Deferred:
             deferred = True
             raise
         finally:
-            # set aside: keep what this run read and learned (the next pass goes on from
-            # here), but save nothing until the generator's result is in
             if not deferred:
                 st.pending = False
+            # set aside: keep what this run read and learned (the next pass goes on from
+            # here), but save nothing until the generator's result is in
             self._keep(save=not deferred)
+
+    def _withdrawn_now(self) -> bool:
+        """Was the current candidate NACKed from outside (rt.nack, a Reject)?"""
+        return _fingerprint(self.st.candidate) in self.st.withdrawn
 
     def _loop_on(self) -> Any:
         """Generate, validate, decide, until accepted or a stop condition holds."""
@@ -466,10 +470,16 @@ class _Loop:
 
     def _new_epoch(self) -> None:
         st = self.st
-        for key, (vs, _d) in st.ledger.items():
+        keep = {}
+        for key, (vs, d) in st.ledger.items():
             for v in vs:
                 st.history.append((key, v, st.epoch))
-        st.ledger = {}
+            if key[3] == st.revision and key[0].startswith(("rt.nack", "reject")) and \
+                    any(isinstance(v, NACK) for v in vs):
+                # a NACK from outside is about the candidate, not the context: it stays
+                keep[key] = ([v for v in vs if isinstance(v, NACK)],
+                             {x for x in d if x[0] == "NACK"})
+        st.ledger = keep
         st.epoch += 1
         st.evidence = set()
         st.fingerprints = {}      # oscillation is a candidate coming back within one context
