@@ -598,22 +598,11 @@ class _Loop:
     def _record(self, vid: str, vver: str, v: Any, regress: bool = True) -> bool:
         """Put one verdict for the current revision in the ledger; True if it is new evidence."""
         st = self.st
-        key = (vid, vver, v.case, st.revision)
-        entry = st.ledger.get(key)
-        if entry is None:
-            entry = st.ledger[key] = ([], set())
-        vs, distinct = entry
-        ident = (v.kind, _cex_key(v) if isinstance(v, NACK) else "")
-        if ident in distinct:
+        if not _ledger_add(st, (vid, vver, v.case, st.revision), v, regress):
             return False               # the same verdict again counts once
-        distinct.add(ident)
-        vs.append(v)
         if st.attempts:
             st.attempts[-1].verdicts.append((vid, v))
         if isinstance(v, NACK):
-            if regress and v.counterexample is not None and \
-                    all(_cex_key(r) != _cex_key(v) for r in st.regressions):
-                st.regressions.append(v)
             item = ("N", vid, v.case, _cex_key(v))
         elif isinstance(v, ACK):
             item = ("A", vid, v.case)
@@ -861,10 +850,9 @@ def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
     rt._commit()          # a verdict from outside is durable when rt.nack/rt.ack returns
 
 
-def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
-    """Record an outside verdict; True when the node must run again (its current candidate
-    was NACKed, or an ACK may complete its acceptance)."""
-    key = (vid, vver, v.case, revision)
+def _ledger_add(st: _Node, key: tuple, v: Any, regress: bool = True) -> bool:
+    """Add verdict ``v`` under ``key`` (validator id, version, case, revision); False if the
+    same verdict is there already. A NACK's counterexample becomes a regression case."""
     entry = st.ledger.get(key)
     if entry is None:
         entry = st.ledger[key] = ([], set())
@@ -874,9 +862,17 @@ def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
         return False
     distinct.add(ident)
     vs.append(v)
-    if isinstance(v, NACK) and v.counterexample is not None and \
+    if regress and isinstance(v, NACK) and v.counterexample is not None and \
             all(_cex_key(r) != _cex_key(v) for r in st.regressions):
         st.regressions.append(v)      # a regression case for every later revision
+    return True
+
+
+def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
+    """Record an outside verdict; True when the node must run again (its current candidate
+    was NACKed, or an ACK may complete its acceptance)."""
+    if not _ledger_add(st, (vid, vver, v.case, revision), v):
+        return False
     if revision != st.revision:
         return False                  # history: never moves the current status
     st.events += 1
