@@ -62,9 +62,23 @@ cdef class Persist:
     cdef bytes ikey                  # instance key: hash of (cell identity, canonical arguments)
     cdef str ident                   # the cell's identity
     cdef bytes args                  # canonical encoding of the bound arguments
-    cdef list cands                  # stored records being tried, or None when no lookup runs
+    cdef list cands                  # stored Records being tried, or None when no lookup runs
     cdef Py_ssize_t ci, di           # candidate and dependency being checked
-    cdef list resolved               # dependencies of the candidate checked so far
+    cdef list resolved               # dependencies of the candidate resolved so far (the last
+                                     # may be one pushed for verification, not yet checked)
+
+
+cdef class Record:
+    # One stored record, checked (header, checksum, layout) and held undecoded: fields are
+    # offsets into `data`, decoded when used. Layout: incr/store.py.
+    cdef readonly bytes key          # entry key: instance key + trace hash
+    cdef bytes data                  # the whole record, header included
+    cdef readonly long long run      # the run that wrote it
+    cdef list strs                   # the string table: cell identity, label, dependency names
+    cdef Py_ssize_t cell, label      # indexes into strs
+    cdef Py_ssize_t args_at, val_at, vh_at   # offsets of blobs (u32 length, then bytes)
+    cdef Py_ssize_t ndeps
+    cdef Py_ssize_t *deps_at         # offset of each dependency
 
 
 cdef enum Action:
@@ -139,6 +153,8 @@ cdef class Runtime:
     cdef readonly object store_path
     cdef object store                # incr.store.Store, or None (in memory)
     cdef long long n_store_hits, n_store_misses
+    cdef dict by_ikey                # instance key -> Instance, for every persistable instance
+                                     # (store only; created on first use)
     cdef readonly str hash
     cdef readonly object max_workers
     # counters for stats()
@@ -159,10 +175,11 @@ cdef class Runtime:
     cdef void check_usable(self) except *
     cdef int attempt(self, Instance m, list stack, list idx) except -1
     cdef int probe_step(self, Instance m, list stack, list idx) except -1
-    cdef void adopt(self, Instance m, bytes key, dict rec, list resolved) except *
-    cdef Node resolve(self, list dep)
+    cdef void adopt(self, Instance m, Record rec, list resolved) except *
+    cdef Node resolve(self, Record rec, Py_ssize_t i)
+    cdef list candidates(self, bytes ikey)
     cdef Persist persist_of(self, Instance n)
-    cdef Persist persist_with(self, str ident, bytes args)
+    cdef Persist persist_with(self, Instance n, str ident, bytes args)
     cdef object value_hash(self, Node n)
     cdef void record(self, Instance n) except *
     cdef void flush(self, bint quiet) except *

@@ -28,7 +28,7 @@ cdef extern from "pythread.h":
 from incr.errors import CycleError, IncrError, NotPersistableWarning, ReentrancyError
 from incr.keys import normalize_args
 from incr import keys as _keys
-from incr.store import DamagedRecordWarning, Store, pack_record
+from incr.store import DamagedRecordWarning, Store
 import msgpack as _msgpack
 import warnings as _warnings
 
@@ -876,15 +876,14 @@ cdef class Runtime:
         # warm start never recurses), then its value hash is compared with the recorded one.
         cdef Persist p = m.persist
         cdef Node d
-        cdef list deps
-        cdef dict rec
+        cdef Record rec
         if p is None:
             p = self.persist_of(m)
         if not p.ok:
             return NOMATCH
         if p.cands is None:
             try:
-                p.cands = self.store.candidates(p.ikey)
+                p.cands = self.candidates(p.ikey)
             except Exception as e:
                 _warnings.warn(f"incr store {self.store_path}: lookup failed ({e}); computing "
                                f"{m.label()}", DamagedRecordWarning, stacklevel=3)
@@ -893,14 +892,17 @@ cdef class Runtime:
             p.di = 0
             p.resolved = []
         while p.ci < len(p.cands):
-            key, rec = p.cands[p.ci]
-            deps = rec["deps"]
+            rec = <Record>p.cands[p.ci]
             matched = True
-            while p.di < len(deps):
-                d = self.resolve(deps[p.di])
-                if d is None:
-                    matched = False
-                    break
+            while p.di < rec.ndeps:
+                if len(p.resolved) > p.di:
+                    d = <Node>p.resolved[p.di]   # pushed for verification; back now
+                else:
+                    d = self.resolve(rec, p.di)
+                    if d is None:
+                        matched = False
+                        break
+                    p.resolved.append(d)
                 if isinstance(d, Instance) and _needs_work(d) and not (
                         not (d.flags & F_HAS_VALUE) and d in self.failed):
                     # (an instance that failed in this pass is not pushed again: a mismatch)
@@ -911,17 +913,17 @@ cdef class Runtime:
                     stack.append(d)
                     idx.append(0)
                     return PUSHED
-                if not (d.flags & F_HAS_VALUE) or self.value_hash(d) != deps[p.di][2]:
+                if not (d.flags & F_HAS_VALUE) or not _blob_equals(
+                        rec.data, _dep_hash_at(rec, p.di), self.value_hash(d)):
                     matched = False
                     break
-                p.resolved.append(d)
                 p.di += 1
             if matched:
                 resolved = p.resolved
                 p.cands = None
                 p.resolved = None
                 try:
-                    self.adopt(m, key, rec, resolved)
+                    self.adopt(m, rec, resolved)
                 except _keys.DecodeError as e:
                     _warnings.warn(f"incr store {self.store_path}: the stored value of "
                                    f"{m.label()} does not decode ({e}); recomputing",
@@ -937,8 +939,32 @@ cdef class Runtime:
         self.n_store_misses += 1
         return NOMATCH
 
-    cdef void adopt(self, Instance m, bytes key, dict rec, list resolved) except *:
-        value = _keys.decode(rec["val"])
+    cdef list candidates(self, bytes ikey):
+        # the sound records stored for ikey, most recent run first; a damaged one is reported
+        # to the store (a warning now, replaced at the next commit) and left out
+        cdef list out = []
+        cdef Record r
+        cdef bytes key
+        cdef Py_ssize_t n = len(ikey)
+        cur = self.store.pass_cursor()
+        if cur.set_range(ikey):
+            key = cur.key()
+            while len(key) >= n and memcmp(PyBytes_AS_STRING(key), PyBytes_AS_STRING(ikey),
+                                           n) == 0:
+                try:
+                    out.append(_read_record(key, cur.value()))
+                except ValueError as e:
+                    self.store.damaged_record(key, str(e))
+                if not cur.next():
+                    break
+                key = cur.key()
+        if len(out) > 1:
+            out.sort(key=_minus_run)
+        return out
+
+    cdef void adopt(self, Instance m, Record rec, list resolved) except *:
+        cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(rec.data)
+        value = _decode_at(rec.data, rec.val_at + 4, _u32(p + rec.val_at))
         cdef bint had = (m.flags & F_HAS_VALUE) != 0
         if had and _same_value(m.value, value):
             pass  # same value: dependents are not disturbed
@@ -946,69 +972,95 @@ cdef class Runtime:
             m.value = value
             m.changed_at = self.clock
             m.changed_rev = self.revision
-        m.vhash = rec["vh"]
+        m.vhash = _blob_bytes(rec.data, rec.vh_at)
         self.rewire(m, m.deps, resolved)
         m.verified_at = self.clock
         m.ran_rev = self.revision
         m.flags = (m.flags | F_HAS_VALUE) & ~F_DIRTY
         m.last_action = A_LOADED
         self.raise_ts(m)
-        self.store.hit(key)
+        self.store.hits.append(rec.key)
         self.n_store_hits += 1
         self.n_reused += 1
         if self.report_log is not None:
             self.report_log.append((m, A_LOADED))
 
-    cdef Node resolve(self, list dep):
-        # the node a stored dependency names in this process, or None
+    cdef Node resolve(self, Record rec, Py_ssize_t i):
+        # The node dependency i of rec names in this process, or None. A cell dependency is
+        # named by its instance key (an instance met before is found by it) and by its cell
+        # identity and arguments (to create it); the key of what is created must be the
+        # recorded one.
+        cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(rec.data)
+        cdef Py_ssize_t at = rec.deps_at[i]
+        cdef Py_ssize_t args_at, args_n
         cdef Cell c
         cdef Instance n
-        if dep[0] == "i":
-            return self.inputs.get(dep[1])
-        ident, args_b = dep[1]
-        c = _keys.cell_for(ident)
-        if c is None:
+        name = rec.strs[_u32(p + at + 1)]
+        if p[at] == 0x69:   # 'i'
+            return self.inputs.get(name)
+        args_at = at + 5
+        args_n = _u32(p + args_at)
+        ikey = _blob_bytes(rec.data, args_at + 4 + args_n)
+        if self.by_ikey is not None:
+            n = self.by_ikey.get(ikey)
+            if n is not None:
+                return n
+        co = _stored_cells.get(name, _stored_cells)
+        if co is _stored_cells:
+            co = _keys.stored_cell(name)
+        if co is None:
             return None
-        try:
-            args = _keys.decode(args_b)
-        except _keys.DecodeError:
-            return None
-        if type(args) is not tuple:
-            return None
-        if any(isinstance(a, _keys._InputRef) for a in args):
-            args = tuple(self.inputs.get(a) if isinstance(a, _keys._InputRef) else a
-                         for a in args)
-            if any(a is None for a in args):
+        c = <Cell>co
+        args = _decode_simple(rec.data, args_at + 4, args_n)
+        if args is _NOT_SIMPLE:
+            try:
+                args = _keys.decode(rec.data[args_at + 4:args_at + 4 + args_n])
+            except _keys.DecodeError:
                 return None
+            if type(args) is not tuple:
+                return None
+            args = _with_inputs(self, <tuple>args)
+            if args is None:
+                return None
+        elif type(args) is not tuple:
+            return None
         try:
             n = self.lookup(c, self.table_for(c), args, True)
         except TypeError:
             return None
-        if n.persist is None and _keys.cell_identity(c) == ident:
+        if n.persist is None:
             # its persistent identity is the reference we resolved: no need to re-encode
-            n.persist = self.persist_with(ident, args_b)
+            self.persist_with(n, name, _blob_bytes(rec.data, args_at))
+        if not n.persist.ok or n.persist.ikey != ikey:
+            return None   # the record does not agree with itself: not this instance
         return n
 
     cdef Persist persist_of(self, Instance n):
-        cdef Persist p = Persist()
+        cdef Persist p
         ident = _keys.cell_identity(n.cell)
         if ident is None:
             _warn_once(n.cell, f"incr: {n.cell.name} shares its identity with another live "
                                f"cell, so neither is stored; give them distinct version=")
         else:
             try:
-                p = self.persist_with(ident, _keys.encode(n.args))
+                return self.persist_with(n, ident, _keys.encode(n.args))
             except TypeError as e:
                 _warn_once(n.cell, f"incr: arguments of {n.label()} cannot be stored ({e})")
+        p = Persist()
         n.persist = p
         return p
 
-    cdef Persist persist_with(self, str ident, bytes args):
-        cdef Persist p = Persist()
+    cdef Persist persist_with(self, Instance n, str ident, bytes args):
+        # n's persistent identity, set and indexed by its instance key
+        cdef Persist p = Persist.__new__(Persist)
         p.ident = ident
         p.args = args
         p.ikey = _keys.instance_key(ident, args, self.hash)
         p.ok = True
+        n.persist = p
+        if self.by_ikey is None:
+            self.by_ikey = {}
+        self.by_ikey[p.ikey] = n
         return p
 
     cdef object value_hash(self, Node n):
@@ -1037,13 +1089,15 @@ cdef class Runtime:
                                f"in memory only ({e})")
             return
         n.vhash = _keys.digest("value", val, self.hash)
-        deps = []
+        deps = []     # what the trace hash is taken of
+        stored = []   # the same, with instance keys, as the record holds them
         for d in n.deps:
             h = self.value_hash(d)
             if not h:
                 return  # it read something that cannot be hashed: nothing to verify it by
             if isinstance(d, Input):
                 deps.append(["i", (<Input>d).name, h])
+                stored.append(("i", (<Input>d).name, h))
             else:
                 dp = (<Instance>d).persist
                 if dp is None:
@@ -1051,10 +1105,10 @@ cdef class Runtime:
                 if not dp.ok:
                     return
                 deps.append(["c", [dp.ident, dp.args], h])
+                stored.append(("c", dp.ident, dp.args, dp.ikey, h))
         trace = _keys.digest("trace", _msgpack.packb(deps, use_bin_type=True), self.hash)
-        self.store.put(p.ikey + trace, pack_record({
-            "cell": p.ident, "label": n.label(), "args": p.args, "val": val, "vh": n.vhash,
-            "deps": deps, "run": self.store.run}))
+        self.store.put(p.ikey + trace, _pack_record(p.ident, n.label(), p.args, val, n.vhash,
+                                                    stored, self.store.run))
 
     cdef void flush(self, bint quiet) except *:
         if quiet:
@@ -1317,3 +1371,446 @@ def _explain(Runtime rt, Instance n):
     if deps:
         text += f". It read: {deps}"
     return text + tail
+
+
+# --- stored records (format 2; layout in incr/store.py) ------------------------------------
+#
+# The reader checks everything before anything is used: header, length, checksum, then the
+# layout (every length and index in bounds, every string valid UTF-8, the body consumed
+# exactly). A Record keeps offsets into the checked bytes, so nothing per dependency is decoded
+# until the engine asks for it. Nothing here pickles, marshals or evaluates what it reads.
+
+cdef extern from "Python.h":
+    object PyMemoryView_FromMemory(char *mem, Py_ssize_t size, int flags)
+    object PyUnicode_DecodeUTF8(const char *s, Py_ssize_t size, const char *errors)
+    object PyBytes_FromStringAndSize(const char *v, Py_ssize_t len)
+    char *PyBytes_AS_STRING(object o)
+    double PyFloat_Unpack4(const char *p, int le) except? -1.0
+    double PyFloat_Unpack8(const char *p, int le) except? -1.0
+
+from libc.string cimport memcmp
+from libc.stdlib cimport malloc, free
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint64_t
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.ref cimport Py_INCREF
+
+import struct as _struct
+from incr.store import FORMAT as _RECORD_FORMAT, MAGIC as _MAGIC, KIND_CELL as _KIND_CELL, \
+    MAX_RECORD as _MAX_RECORD
+from xxhash import xxh3_64_intdigest as _xxh3_64_intdigest
+
+cdef int _PyBUF_READ = 0x100
+cdef Py_ssize_t HEAD = 16
+cdef int REC_FORMAT = _RECORD_FORMAT
+cdef int REC_KIND = _KIND_CELL
+cdef Py_ssize_t REC_MAX = _MAX_RECORD
+
+
+cdef inline Py_ssize_t _u32(const unsigned char *p) nogil:
+    return (<Py_ssize_t>p[0] << 24) | (<Py_ssize_t>p[1] << 16) | (<Py_ssize_t>p[2] << 8) | p[3]
+
+
+cdef inline uint64_t _u64(const unsigned char *p) nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline Py_ssize_t _blob(const unsigned char *p, Py_ssize_t at, Py_ssize_t end) except -2:
+    # the offset after the blob (u32 length, bytes) at `at`; ValueError if it overruns `end`
+    cdef Py_ssize_t n
+    if at + 4 > end:
+        raise ValueError("truncated length field")
+    n = _u32(p + at)
+    if n > end - at - 4:
+        raise ValueError("a field overruns the record")
+    return at + 4 + n
+
+
+cdef inline bytes _blob_bytes(bytes data, Py_ssize_t at):
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
+    return PyBytes_FromStringAndSize(<const char *>p + at + 4, _u32(p + at))
+
+
+cdef inline bint _blob_equals(bytes data, Py_ssize_t at, bytes other):
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = _u32(p + at)
+    return n == len(other) and memcmp(p + at + 4, PyBytes_AS_STRING(other), n) == 0
+
+
+cdef class Record:
+    """A checked stored record (internal). ``read_record`` makes one; ``as_dict`` shows it."""
+
+    def __dealloc__(self):
+        if self.deps_at != NULL:
+            free(self.deps_at)
+
+    def as_dict(self):
+        """{cell, label, args, val, vh, run, deps: [[kind, ref, hash], ...]}: an input
+        dependency's ref is its name, a cell dependency's is [identity, args, instance key]."""
+        cdef Py_ssize_t i
+        deps = []
+        for i in range(self.ndeps):
+            deps.append(_dep_as_list(self, i))
+        return {"cell": self.strs[self.cell], "label": self.strs[self.label],
+                "args": _blob_bytes(self.data, self.args_at),
+                "val": _blob_bytes(self.data, self.val_at),
+                "vh": _blob_bytes(self.data, self.vh_at), "deps": deps, "run": self.run}
+
+
+cdef list _dep_as_list(Record r, Py_ssize_t i):
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(r.data)
+    cdef Py_ssize_t at = r.deps_at[i]
+    name = r.strs[_u32(p + at + 1)]
+    at += 5
+    if p[at - 5] == 0x69:   # 'i'
+        return ["i", name, _blob_bytes(r.data, at)]
+    args = _blob_bytes(r.data, at)
+    at += 4 + _u32(p + at)
+    ikey = _blob_bytes(r.data, at)
+    at += 4 + _u32(p + at)
+    return ["c", [name, args, ikey], _blob_bytes(r.data, at)]
+
+
+cdef inline Py_ssize_t _dep_hash_at(Record r, Py_ssize_t i):
+    # offset of dependency i's hash blob
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(r.data)
+    cdef Py_ssize_t at = r.deps_at[i] + 5
+    if p[at - 5] == 0x63:   # 'c': skip args and instance key
+        at += 4 + _u32(p + at)
+        at += 4 + _u32(p + at)
+    return at
+
+
+cdef Record _read_record(bytes key, object data):
+    """Check ``data`` and return it as a Record; ValueError (only) if it is not sound."""
+    cdef Record r
+    cdef const unsigned char *p
+    cdef Py_ssize_t n, end, at, i, nstr, k, ndeps
+    if type(data) is not bytes:
+        data = bytes(data)
+    n = len(<bytes>data)
+    p = <const unsigned char *>PyBytes_AS_STRING(data)
+    if n < HEAD:
+        raise ValueError("shorter than a header")
+    if p[0] != 0x69 or p[1] != 0x52:  # b"iR"
+        raise ValueError("not an incr record")
+    if p[2] != REC_FORMAT:
+        raise ValueError(f"record format {p[2]}, this incr reads {REC_FORMAT}")
+    if p[3] != REC_KIND:
+        raise ValueError(f"record kind {p[3]} is unknown")
+    if _u32(p + 4) > REC_MAX or _u32(p + 4) != n - HEAD:
+        raise ValueError("length field does not match")
+    if <uint64_t>_xxh3_64_intdigest(PyMemoryView_FromMemory(<char *>p + HEAD, n - HEAD,
+                                                           _PyBUF_READ)) != _u64(p + 8):
+        raise ValueError("checksum mismatch")
+    r = Record.__new__(Record)
+    r.key = key
+    r.data = <bytes>data
+    end = n
+    at = HEAD
+    if at + 12 > end:
+        raise ValueError("truncated body")
+    if _u64(p + at) > <uint64_t>0x7fffffffffffffff:
+        raise ValueError("run number out of range")
+    r.run = <long long>_u64(p + at)
+    nstr = _u32(p + at + 8)
+    at += 12
+    if nstr > end - at:
+        raise ValueError("string table overruns the record")
+    strs = []
+    for k in range(nstr):
+        i = _blob(p, at, end)
+        try:
+            strs.append(PyUnicode_DecodeUTF8(<const char *>p + at + 4, i - at - 4, "strict"))
+        except UnicodeDecodeError:
+            raise ValueError("a string is not UTF-8") from None
+        at = i
+    r.strs = strs
+    if at + 8 > end:
+        raise ValueError("truncated body")
+    r.cell = _u32(p + at)
+    r.label = _u32(p + at + 4)
+    if r.cell >= nstr or r.label >= nstr:
+        raise ValueError("string index out of range")
+    at += 8
+    r.args_at = at
+    at = _blob(p, at, end)
+    r.val_at = at
+    at = _blob(p, at, end)
+    r.vh_at = at
+    at = _blob(p, at, end)
+    if at + 4 > end:
+        raise ValueError("truncated body")
+    ndeps = _u32(p + at)
+    at += 4
+    if ndeps > (end - at) // 9:   # a dependency takes at least 9 bytes
+        raise ValueError("dependency count overruns the record")
+    r.deps_at = <Py_ssize_t *>malloc((ndeps if ndeps else 1) * sizeof(Py_ssize_t))
+    if r.deps_at == NULL:
+        raise MemoryError()
+    for k in range(ndeps):
+        if at + 5 > end:
+            raise ValueError("truncated dependency")
+        r.deps_at[k] = at
+        if _u32(p + at + 1) >= nstr:
+            raise ValueError("string index out of range")
+        if p[at] == 0x63:     # 'c': args, instance key, hash
+            at = _blob(p, at + 5, end)
+            at = _blob(p, at, end)
+            at = _blob(p, at, end)
+        elif p[at] == 0x69:   # 'i': hash
+            at = _blob(p, at + 5, end)
+        else:
+            raise ValueError("unknown dependency kind")
+    r.ndeps = ndeps
+    if at != end:
+        raise ValueError("trailing bytes after the record")
+    return r
+
+
+cdef inline bytes _blob_of(bytes b):
+    return len(b).to_bytes(4, "big") + b
+
+
+cdef Py_ssize_t _sid(dict index, list strs, str s) except -1:
+    i = index.get(s)
+    if i is None:
+        i = index[s] = len(strs)
+        strs.append(s.encode("utf-8", "strict"))
+    return i
+
+
+cdef bytes _pack_record(str ident, str label, bytes args, bytes val, bytes vh, list deps,
+                        long long run):
+    # deps: ("i", name, hash) or ("c", identity, args, instance key, hash)
+    cdef dict index = {}
+    cdef list strs = []
+    cdef Py_ssize_t cell_i = _sid(index, strs, ident)
+    cdef Py_ssize_t label_i = _sid(index, strs, label)
+    cdef list parts = [_blob_of(args), _blob_of(val), _blob_of(vh),
+                       len(deps).to_bytes(4, "big")]
+    for d in deps:
+        if d[0] == "i":
+            parts.append(b"i" + _sid(index, strs, d[1]).to_bytes(4, "big") + _blob_of(d[2]))
+        else:
+            parts.append(b"c" + _sid(index, strs, d[1]).to_bytes(4, "big") + _blob_of(d[2])
+                         + _blob_of(d[3]) + _blob_of(d[4]))
+    body = [run.to_bytes(8, "big"), len(strs).to_bytes(4, "big")]
+    for s in strs:
+        body.append(_blob_of(s))
+    body.append(cell_i.to_bytes(4, "big") + label_i.to_bytes(4, "big"))
+    body.extend(parts)
+    payload = b"".join(body)
+    if len(payload) > REC_MAX:
+        raise ValueError("record too large")
+    return (b"iR" + bytes((REC_FORMAT, REC_KIND)) + len(payload).to_bytes(4, "big")
+            + _xxh3_64_intdigest(payload).to_bytes(8, "big") + payload)
+
+
+def read_record(data, key=b""):
+    """Check one stored record; the Record, or ValueError (only) if it is not sound."""
+    return _read_record(key, data)
+
+
+def pack_record_fields(str ident, str label, bytes args, bytes val, bytes vh, list deps,
+                       long long run):
+    """The stored bytes of one record (see incr/store.py for the layout)."""
+    return _pack_record(ident, label, args, val, vh, deps, run)
+
+
+# --- the common encodings, decoded without the general decoder ------------------------------
+#
+# keys.decode is the codec; this reads the encodings that make up most arguments and values
+# (None, bool, int, float, str, bytes, and a tuple of those) straight from the record buffer
+# and gives _NOT_SIMPLE for anything else, which then goes to keys.decode. For bytes it
+# accepts, it returns what keys.decode returns (tests/test_store_damage.py checks this).
+
+cdef object _NOT_SIMPLE = object()
+
+
+cdef object _simple_item(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos):
+    cdef Py_ssize_t i = pos[0]
+    cdef Py_ssize_t n, start
+    cdef unsigned char b
+    if i >= end:
+        return _NOT_SIMPLE
+    b = p[i]
+    if b <= 0x7f:
+        pos[0] = i + 1
+        return <long>b
+    if b >= 0xe0:
+        pos[0] = i + 1
+        return <long>(<signed char>b)
+    if b == 0xc0:
+        pos[0] = i + 1
+        return None
+    if b == 0xc2:
+        pos[0] = i + 1
+        return False
+    if b == 0xc3:
+        pos[0] = i + 1
+        return True
+    if 0xa0 <= b <= 0xbf or 0xd9 <= b <= 0xdb or 0xc4 <= b <= 0xc6:
+        if 0xa0 <= b <= 0xbf:
+            n, start = b & 0x1f, i + 1
+        elif b == 0xd9 or b == 0xc4:
+            if i + 2 > end:
+                return _NOT_SIMPLE
+            n, start = p[i + 1], i + 2
+        elif b == 0xda or b == 0xc5:
+            if i + 3 > end:
+                return _NOT_SIMPLE
+            n, start = (p[i + 1] << 8) | p[i + 2], i + 3
+        else:
+            if i + 5 > end:
+                return _NOT_SIMPLE
+            n, start = _u32(p + i + 1), i + 5
+        if n > end - start:
+            return _NOT_SIMPLE
+        pos[0] = start + n
+        if b >= 0xc4 and b <= 0xc6:
+            return PyBytes_FromStringAndSize(<const char *>p + start, n)
+        try:
+            return PyUnicode_DecodeUTF8(<const char *>p + start, n, "strict")
+        except UnicodeDecodeError:
+            return _NOT_SIMPLE
+    if 0xca <= b <= 0xd3:
+        if b == 0xca:
+            n = 4
+        elif b == 0xcb:
+            n = 8
+        elif b == 0xcc or b == 0xd0:
+            n = 1
+        elif b == 0xcd or b == 0xd1:
+            n = 2
+        elif b == 0xce or b == 0xd2:
+            n = 4
+        else:
+            n = 8
+        if i + 1 + n > end:
+            return _NOT_SIMPLE
+        pos[0] = i + 1 + n
+        p = p + i + 1
+        if b == 0xca:
+            return PyFloat_Unpack4(<const char *>p, 0)
+        if b == 0xcb:
+            return PyFloat_Unpack8(<const char *>p, 0)
+        if b == 0xcc:
+            return <long>p[0]
+        if b == 0xcd:
+            return <long>((p[0] << 8) | p[1])
+        if b == 0xce:
+            return <long long>_u32(p)
+        if b == 0xcf:
+            return _u64(p)
+        if b == 0xd0:
+            return <long>(<int8_t>p[0])
+        if b == 0xd1:
+            return <long>(<int16_t>((p[0] << 8) | p[1]))
+        if b == 0xd2:
+            return <long>(<int32_t><uint64_t>_u32(p))
+        return <long long>(<int64_t>_u64(p))
+    return _NOT_SIMPLE
+
+
+cdef object _decode_at(bytes data, Py_ssize_t at, Py_ssize_t n):
+    # the value encoded by data[at:at + n]: the simple cases here, the rest by keys.decode.
+    # Raises keys.DecodeError (only) on bad bytes.
+    v = _decode_simple(data, at, n)
+    if v is _NOT_SIMPLE:
+        return _keys.decode(data[at:at + n])
+    return v
+
+
+cdef object _decode_simple(bytes data, Py_ssize_t at, Py_ssize_t n):
+    # the value encoded by data[at:at + n] when it is one of the common encodings, else
+    # _NOT_SIMPLE
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t end = at + n
+    cdef Py_ssize_t pos = at
+    cdef Py_ssize_t ext_n, count, k
+    cdef unsigned char b
+    cdef tuple t
+    v = _NOT_SIMPLE
+    if n > 0:
+        b = p[at]
+        if b == 0xd4 or b == 0xd5 or b == 0xd6 or b == 0xd7 or b == 0xd8 or b == 0xc7 \
+                or b == 0xc8 or b == 0xc9:
+            # an extension: simple only if a tuple of simple items filling it exactly
+            if b <= 0xc9:
+                if b == 0xc7 and n >= 2:
+                    ext_n, pos = p[at + 1], at + 2
+                elif b == 0xc8 and n >= 3:
+                    ext_n, pos = (p[at + 1] << 8) | p[at + 2], at + 3
+                elif b == 0xc9 and n >= 5:
+                    ext_n, pos = _u32(p + at + 1), at + 5
+                else:
+                    ext_n, pos = -1, end
+            else:
+                ext_n, pos = (1 << (b - 0xd4)), at + 1
+            if ext_n >= 0 and pos < end and p[pos] == 1 and end - pos - 1 == ext_n:
+                pos += 1
+                b = p[pos]
+                count = -1
+                if 0x90 <= b <= 0x9f:
+                    count, pos = b & 0x0f, pos + 1
+                elif b == 0xdc and pos + 3 <= end:
+                    count, pos = (p[pos + 1] << 8) | p[pos + 2], pos + 3
+                elif b == 0xdd and pos + 5 <= end:
+                    count, pos = _u32(p + pos + 1), pos + 5
+                if 0 <= count <= end - pos:
+                    t = PyTuple_New(count)
+                    for k in range(count):
+                        x = _simple_item(p, end, &pos)
+                        if x is _NOT_SIMPLE:
+                            break
+                        Py_INCREF(x)
+                        PyTuple_SET_ITEM(t, k, x)
+                    else:
+                        if pos == end:
+                            v = t
+        else:
+            v = _simple_item(p, end, &pos)
+            if v is not _NOT_SIMPLE and pos != end:
+                v = _NOT_SIMPLE
+    return v
+
+
+def decode_simple(bytes data):
+    """(True, value) when the fast reader takes ``data`` (then keys.decode gives the same
+    value), else (False, None). For tests."""
+    v = _decode_simple(data, 0, len(data))
+    if v is _NOT_SIMPLE:
+        return False, None
+    return True, v
+
+
+def _minus_run(Record r):
+    return -r.run
+
+
+cdef dict _stored_cells = _keys.stored_cells
+cdef object _InputRef = _keys._InputRef
+
+
+cdef object _with_inputs(Runtime rt, tuple args):
+    # decoded arguments with input references replaced by this runtime's inputs; None if one
+    # is not declared here
+    cdef bint refs = False
+    for a in args:
+        if isinstance(a, _InputRef):
+            refs = True
+            break
+    if not refs:
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, _InputRef):
+            a = rt.inputs.get(a)
+            if a is None:
+                return None
+        out.append(a)
+    return tuple(out)

@@ -5,13 +5,25 @@ Layout of a store directory (owner-only: the directory is 0700, the files 0600):
 - ``meta``    format version, creation time, run counter;
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
   record (below). Several traces of one instance coexist (change-and-revert finds the old one);
-- ``used``    per entry key: hit count and the last run that wrote or hit it (for inspect, gc).
+- ``log``     one entry per commit that wrote or took entries: key = run (u64) + sequence (u32),
+  value = key length (u8) + hit flag (u8) + the entry keys, concatenated. A key is listed once
+  per hit. Folded into ``used`` every ``FOLD_AT`` log entries, and by ``gc``;
+- ``used``    per entry key: hit count and the last run that wrote or hit it (for inspect, gc),
+  as of the last fold; ``Store.usage()`` adds what the log holds since.
 
-A record is a 16-byte header — magic ``iR``, format version, kind, payload length (u32, big
-endian), xxh3_64 of the payload — then a msgpack payload (a map with str keys, checked against
-a schema before use). A record whose header, length, checksum, msgpack or schema is wrong is a
-miss plus one :class:`DamagedRecordWarning`: it never yields a value. Nothing here pickles,
-marshals or evaluates what it reads.
+A record (format 2) is a 16-byte header — magic ``iR``, format version, kind, payload length
+(u32), xxh3_64 of the payload (u64) — then the payload; every integer is big endian, a *blob*
+is a u32 length and that many bytes, a *string* a blob of UTF-8::
+
+    run u64 | string count u32 | strings... | cell u32 | label u32      (string indexes)
+    | args blob | val blob | vh blob | dependency count u32 | dependencies...
+    dependency: b"i" name u32 | hash blob                                (an input)
+              | b"c" identity u32 | args blob | instance key blob | hash blob   (a cell)
+
+The reader (``incr._core``, compiled) checks the header, the length, the checksum and then the
+whole layout (lengths and indexes in bounds, strings UTF-8, nothing left over) before anything
+is used. A record that fails any check is a miss plus one :class:`DamagedRecordWarning`: it
+never yields a value. Nothing here pickles, marshals or evaluates what it reads.
 
 Writes are buffered by the runtime and committed in one write transaction per top-level demand
 or stabilization (``commit``); the first writer of an entry wins (``overwrite=False``), so
@@ -31,12 +43,10 @@ import warnings
 from typing import Any, Iterator
 
 import lmdb
-import msgpack
 
 from incr.errors import StoreError
-from incr.keys import checksum
 
-FORMAT = 1
+FORMAT = 2                        # of the store and of its records
 MAGIC = b"iR"
 HEADER = struct.Struct(">2sBBI8s")
 MAX_RECORD = 64 << 20             # a record larger than this is damaged by definition
@@ -47,6 +57,8 @@ NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glus
 
 
 USAGE = struct.Struct(">QQ")       # hits, last run that wrote or took the entry
+LOG_KEY = struct.Struct(">QI")    # run, sequence
+FOLD_AT = 64                      # log entries that make a commit fold the log into ``used``
 
 
 def _usage(v: bytes | None) -> tuple[int, int]:
@@ -60,55 +72,26 @@ class DamagedRecordWarning(UserWarning):
 
 
 def pack_record(payload: dict, kind: int = KIND_CELL) -> bytes:
-    body = msgpack.packb(payload, use_bin_type=True)
-    return HEADER.pack(MAGIC, FORMAT, kind, len(body), checksum(body)) + body
-
-
-_SCHEMA = {"cell": str, "label": str, "args": bytes, "val": bytes, "vh": bytes,
-           "deps": list, "run": int}
+    """The stored bytes of a record given as :func:`unpack_record` returns it (for tests and
+    tools; the runtime packs its records itself). ``kind`` other than KIND_CELL is for tests."""
+    from incr._core import pack_record_fields
+    deps = []
+    for kind_, ref, h in payload["deps"]:
+        if kind_ == "i":
+            deps.append(("i", ref, h))
+        else:
+            deps.append(("c", ref[0], ref[1], ref[2], h))
+    data = pack_record_fields(payload["cell"], payload["label"], payload["args"],
+                              payload["val"], payload["vh"], deps, payload["run"])
+    return data[:3] + bytes((kind,)) + data[4:]
 
 
 def unpack_record(data: bytes) -> dict:
-    """Decode and check one record; raise ValueError (only) if it is not a sound record."""
-    if len(data) < HEADER.size:
-        raise ValueError("shorter than a header")
-    magic, fmt, kind, length, crc = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise ValueError("not an incr record")
-    if fmt != FORMAT:
-        raise ValueError(f"record format {fmt}, this incr reads {FORMAT}")
-    if kind != KIND_CELL:
-        raise ValueError(f"record kind {kind} is unknown")
-    if length > MAX_RECORD or length != len(data) - HEADER.size:
-        raise ValueError("length field does not match")
-    body = memoryview(data)[HEADER.size:]
-    if checksum(body) != crc:
-        raise ValueError("checksum mismatch")
-    try:
-        rec = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
-                              ext_hook=_no_ext)
-    except Exception as e:  # any msgpack failure is damage
-        raise ValueError(f"payload: {type(e).__name__}") from None
-    if type(rec) is not dict:
-        raise ValueError("payload is not a map")
-    for k, t in _SCHEMA.items():
-        if type(rec.get(k)) is not t:
-            raise ValueError(f"field {k!r} missing or not {t.__name__}")
-    for d in rec["deps"]:
-        if type(d) is not list or len(d) != 3 or type(d[2]) is not bytes:
-            raise ValueError("malformed dependency")
-        kind, ref = d[0], d[1]
-        if kind == "c":
-            if type(ref) is not list or len(ref) != 2 or type(ref[0]) is not str \
-                    or type(ref[1]) is not bytes:
-                raise ValueError("malformed cell dependency")
-        elif kind != "i" or type(ref) is not str:
-            raise ValueError("malformed input dependency")
-    return rec
-
-
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"extension type {code} in a record envelope")
+    """Check and decode one record: ``{cell, label, args, val, vh, run, deps}``, each dependency
+    ``[kind, ref, hash]`` (``ref``: an input's name, or ``[identity, args, instance key]``).
+    Raises ValueError (only) if it is not a sound record."""
+    from incr._core import read_record
+    return read_record(data).as_dict()
 
 
 def _forget_inherited(env: Any) -> None:
@@ -130,7 +113,7 @@ def _after_fork_in_child() -> None:
     # forget every inherited environment at once, so that a child can open any store anew
     # (its own Runtime on the same path, or the parent's Runtime, reopened on first use)
     for s in list(_live):
-        env, s.env, s.reader = s.env, None, None
+        env, s.env, s.reader, s.cursor = s.env, None, None, None
         if env is not None:
             _forget_inherited(env)
 
@@ -177,8 +160,10 @@ class Store:
         if not create and not os.path.isdir(self.path):
             raise StoreError(f"there is no incr store at {self.path}")
         self.pending: dict[bytes, bytes] = {}
-        self.hits: dict[bytes, int] = {}
+        self.hits: list[bytes] = []       # entry keys taken from the store, once per hit
+        self.seq = 0                      # log entries this run has written
         self.reader = None               # a read transaction kept for one pass (end_pass)
+        self.cursor = None               # a cursor of that transaction on ``entries``
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
         self._open()
 
@@ -224,6 +209,7 @@ class Store:
             self.meta = self.env.open_db(b"meta")
             self.entries = self.env.open_db(b"entries")
             self.used = self.env.open_db(b"used")
+            self.log = self.env.open_db(b"log")
             with _begin(self.env, write=True) as txn:
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt is None:
@@ -254,8 +240,10 @@ class Store:
         if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
             self.pending.clear()
             self.hits.clear()
+            self.seq = 0
             self.damaged.clear()
             self.reader = None
+            self.cursor = None
             if self.env is not None:
                 _forget_inherited(self.env)
             self._open()
@@ -277,40 +265,57 @@ class Store:
 
     # -- reading --------------------------------------------------------------------------
 
-    def candidates(self, ikey: bytes) -> list[tuple[bytes, dict]]:
-        """The sound records stored for the instance key ``ikey``, most recent run first.
+    def candidates(self, ikey: bytes) -> list[tuple[bytes, bytes]]:
+        """The entries stored for the instance key ``ikey``: (entry key, record bytes), not yet
+        checked (the runtime reads them; see ``damaged_record``).
 
-        Uses one read transaction for the whole pass (see ``end_pass``)."""
+        Uses one read transaction and one cursor for the whole pass (see ``end_pass``)."""
         env = self.env if self.reader is not None else self._env()
         out = []
-        damaged = []
+        n = len(ikey)
         for _ in range(3):
             try:
                 if self.reader is None:
                     self.reader = self._begin(db=self.entries, buffers=False)
-                cur = self.reader.cursor()
+                    self.cursor = self.reader.cursor()
+                cur = self.cursor
                 if cur.set_range(ikey):
-                    for k, v in cur:
-                        if not k.startswith(ikey):
+                    k = cur.key()
+                    while k[:n] == ikey:
+                        out.append((k, cur.value()))
+                        if not cur.next():
                             break
-                        try:
-                            out.append((k, unpack_record(v)))
-                        except ValueError as e:
-                            damaged.append((k, str(e)))
+                        k = cur.key()
                 break
             except lmdb.MapResizedError:
                 self.end_pass()
                 env.set_mapsize(0)
                 out.clear()
-                damaged.clear()
-        for k, why in damaged:
-            self.damaged.add(k)
-            warnings.warn(
-                f"incr store {self.path}: damaged record {k.hex()[:16]}… ignored ({why}); "
-                f"the value will be recomputed", DamagedRecordWarning, stacklevel=4)
-        if len(out) > 1:
-            out.sort(key=lambda kv: -kv[1]["run"])
         return out
+
+    def pass_cursor(self) -> lmdb.Cursor:
+        """A cursor on ``entries`` in the pass's read transaction (begun if none is open; see
+        ``end_pass``). The runtime walks it (set_range, key, value, next) to find an instance's
+        entries; values are bytes (``buffers=False``)."""
+        if self.reader is None:
+            env = self._env()
+            for _ in range(3):
+                try:
+                    self.reader = self._begin(db=self.entries, buffers=False)
+                    break
+                except lmdb.MapResizedError:
+                    env.set_mapsize(0)
+            else:
+                self.reader = self._begin(db=self.entries, buffers=False)
+            self.cursor = self.reader.cursor()
+        return self.cursor
+
+    def damaged_record(self, key: bytes, why: str) -> None:
+        """The record at ``key`` is damaged: warn, and replace it at the next commit."""
+        self.damaged.add(key)
+        warnings.warn(
+            f"incr store {self.path}: damaged record {key.hex()[:16]}… ignored ({why}); "
+            f"the value will be recomputed", DamagedRecordWarning, stacklevel=5)
 
     def end_pass(self) -> None:
         """Close the pass's read transaction (before a commit, and at the end of a pass)."""
@@ -320,24 +325,53 @@ class Store:
             except lmdb.Error:
                 pass
             self.reader = None
+            self.cursor = None
 
     def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
         """Every entry: (key, record or None if damaged, size in bytes)."""
+        from incr._core import read_record
         with self._begin(db=self.entries, buffers=False) as txn:
             for k, v in txn.cursor():
                 try:
-                    rec = unpack_record(v)
+                    rec = read_record(v).as_dict()
                 except ValueError:
                     rec = None
                 yield k, rec, len(v)
 
     def usage(self) -> dict[bytes, tuple[int, int]]:
-        """Entry key -> (hits, last run that wrote or hit it)."""
+        """Entry key -> (hits, last run that wrote or hit it): ``used`` plus the log."""
         out = {}
-        with self._begin(db=self.used, buffers=False) as txn:
-            for k, v in txn.cursor():
+        with self._begin(buffers=False) as txn:
+            for k, v in txn.cursor(db=self.used):
                 out[k] = _usage(v)
+            for run, hit, keys in _log_entries(txn, self.log):
+                for k in keys:
+                    h, last = out.get(k, (0, 0))
+                    out[k] = (h + hit, max(last, run))
         return out
+
+    def fold(self) -> None:
+        """Fold the log into ``used`` (one write transaction)."""
+        with self._begin(write=True) as txn:
+            self._fold(txn)
+
+    def _fold(self, txn: lmdb.Transaction) -> None:
+        delta: dict[bytes, list[int]] = {}
+        for run, hit, keys in _log_entries(txn, self.log):
+            for k in keys:
+                d = delta.get(k)
+                if d is None:
+                    delta[k] = [hit, run]
+                else:
+                    d[0] += hit
+                    d[1] = max(d[1], run)
+        # in key order: one cursor walks the B-tree forward instead of seeking from the root
+        cur = txn.cursor(db=self.used)
+        for k in sorted(delta):
+            h, run = delta[k]
+            old_h, old_run = _usage(cur.get(k))
+            cur.put(k, USAGE.pack(old_h + h, max(old_run, run)))
+        txn.drop(self.log, delete=False)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -345,7 +379,18 @@ class Store:
         self.pending[key] = record
 
     def hit(self, key: bytes) -> None:
-        self.hits[key] = self.hits.get(key, 0) + 1
+        self.hits.append(key)
+
+    @staticmethod
+    def _log_values(keys: list[bytes], hit: int) -> list[bytes]:
+        """Log entry values listing ``keys`` (one per key length; a store's keys have one)."""
+        by_len: dict[int, list[bytes]] = {}
+        if keys and len(set(map(len, keys))) == 1:
+            by_len[len(keys[0])] = keys
+        else:
+            for k in keys:
+                by_len.setdefault(len(k), []).append(k)
+        return [bytes((n, hit)) + b"".join(ks) for n, ks in by_len.items() if 0 < n < 256]
 
     def commit(self) -> None:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
@@ -355,7 +400,8 @@ class Store:
             return
         env = self._env()
         pending, hits, damaged = self.pending, self.hits, self.damaged
-        self.pending, self.hits, self.damaged = {}, {}, set()
+        self.pending, self.hits, self.damaged = {}, [], set()
+        logs = self._log_values(sorted(pending), 0) + self._log_values(hits, 1)
         for _attempt in range(8):
             try:
                 with env.begin(write=True) as txn:
@@ -368,15 +414,14 @@ class Store:
                                 txn.delete(k, db=self.entries)
                     for k in sorted(pending):
                         txn.put(k, pending[k], db=self.entries, overwrite=False)
-                    touched = set(pending)
-                    touched.update(hits)
-                    # in key order: one cursor walks the B-tree forward instead of seeking
-                    # from the root for every key
-                    cur = txn.cursor(db=self.used)
-                    run = self.run
-                    for k in sorted(touched):
-                        old = cur.get(k)
-                        cur.put(k, USAGE.pack(_usage(old)[0] + hits.get(k, 0), run))
+                    # usage: one log entry per kind, not one update per entry (see fold)
+                    seq = self.seq
+                    for v in logs:
+                        txn.put(LOG_KEY.pack(self.run, seq), v, db=self.log)
+                        seq += 1
+                    if txn.stat(self.log)["entries"] >= FOLD_AT:
+                        self._fold(txn)
+                self.seq = seq
                 return
             except lmdb.MapFullError:
                 # grow from a quiescent point: our transaction is aborted, none is open
@@ -405,8 +450,22 @@ class Store:
         with self._begin(write=True) as txn:
             for k in keys:
                 n += bool(txn.delete(k, db=self.entries))
-                txn.delete(k, db=self.used)
+                txn.delete(k, db=self.used)   # (fold first: see collect)
         return n
+
+
+def _log_entries(txn: lmdb.Transaction, db: Any) -> Iterator[tuple[int, int, list[bytes]]]:
+    """(run, 1 for hits or 0 for writes, entry keys) of every sound log entry; a damaged one is
+    skipped (usage is advisory: it never decides a value)."""
+    for k, v in txn.cursor(db=db):
+        if len(k) != LOG_KEY.size or len(v) < 2:
+            continue
+        run, _seq = LOG_KEY.unpack(k)
+        n, hit = v[0], v[1]
+        body = v[2:]
+        if n == 0 or hit > 1 or len(body) % n:
+            continue
+        yield run, hit, [body[i:i + n] for i in range(0, len(body), n)]
 
 
 # --- what the command line needs: summaries, the trace, garbage collection -------------------
@@ -485,22 +544,16 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
             by_instance.setdefault(k[:_ikey_len(k)], []).append(k)
         keep: set[bytes] = set()
         stack = list(roots)
-        from incr.keys import digest, encode
         while stack:
             k = stack.pop()
             if k in keep:
                 continue
             keep.add(k)
             rec = recs[k][0]
-            algo = "blake2b" if k[:1] == b"b" else "xxh3_128"
             for kind, ref, h in rec["deps"]:
                 if kind != "c":
                     continue
-                try:
-                    ik = digest("cell", encode([ref[0], ref[1]]), algo)
-                except Exception:
-                    continue
-                for k2 in by_instance.get(ik, ()):
+                for k2 in by_instance.get(ref[2], ()):
                     r2 = recs[k2][0]
                     if r2 is not None and r2["vh"] == h and k2 not in keep:
                         stack.append(k2)
@@ -516,6 +569,7 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
             total -= recs[k][1]
     freed = sum(recs[k][1] for k in drop)
     if not dry_run and drop:
+        store.fold()   # so that no log entry names a dropped key
         store.delete(sorted(drop))
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
             "bytes_freed": freed, "latest_run": latest}
