@@ -74,8 +74,9 @@ cdef class Record:
     cdef readonly bytes key          # entry key: instance key + trace hash
     cdef bytes data                  # the whole record, header included
     cdef readonly long long run      # the run that wrote it
-    cdef list strs                   # the string table: cell identity, label, dependency names
-    cdef Py_ssize_t cell, label      # indexes into strs
+    cdef Py_ssize_t strs_at, nstr    # the string table (cell identity, label, dependency
+                                     # names): its offset and length
+    cdef Py_ssize_t cell, label      # indexes into it
     cdef Py_ssize_t args_at, val_at, vh_at   # offsets of blobs (u32 length, then bytes)
     cdef Py_ssize_t ndeps
     cdef Py_ssize_t *deps_at         # offset of each dependency
@@ -153,8 +154,6 @@ cdef class Runtime:
     cdef readonly object store_path
     cdef object store                # incr.store.Store, or None (in memory)
     cdef long long n_store_hits, n_store_misses
-    cdef dict by_ikey                # instance key -> Instance, for every persistable instance
-                                     # (store only; created on first use)
     cdef readonly str hash
     cdef readonly object max_workers
     # counters for stats()

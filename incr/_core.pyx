@@ -17,6 +17,7 @@ How a change flows:
 """
 
 import contextvars
+cimport cython
 import inspect
 import time
 
@@ -185,8 +186,12 @@ cdef class Instance(Node):
         return f"<incr instance {self.label()}>"
 
 
+@cython.no_gc
 cdef class Persist:
     """An instance's persistent identity and store lookup state (internal)."""
+    # Not tracked by the cyclic collector (one fewer tracked object per stored instance):
+    # `cands` and `resolved` hold nodes only while a lookup runs, and every way out of a
+    # lookup (match, no match, an exception through ensure) sets them back to None.
 
     def __init__(self):
         self.ok = False
@@ -987,24 +992,17 @@ cdef class Runtime:
 
     cdef Node resolve(self, Record rec, Py_ssize_t i):
         # The node dependency i of rec names in this process, or None. A cell dependency is
-        # named by its instance key (an instance met before is found by it) and by its cell
-        # identity and arguments (to create it); the key of what is created must be the
-        # recorded one.
+        # named by its cell identity and arguments, and its instance key, which must agree.
         cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(rec.data)
         cdef Py_ssize_t at = rec.deps_at[i]
         cdef Py_ssize_t args_at, args_n
         cdef Cell c
         cdef Instance n
-        name = rec.strs[_u32(p + at + 1)]
+        name = _rec_str(rec, _u32(p + at + 1))
         if p[at] == 0x69:   # 'i'
             return self.inputs.get(name)
         args_at = at + 5
         args_n = _u32(p + args_at)
-        ikey = _blob_bytes(rec.data, args_at + 4 + args_n)
-        if self.by_ikey is not None:
-            n = self.by_ikey.get(ikey)
-            if n is not None:
-                return n
         co = _stored_cells.get(name, _stored_cells)
         if co is _stored_cells:
             co = _keys.stored_cell(name)
@@ -1031,7 +1029,7 @@ cdef class Runtime:
         if n.persist is None:
             # its persistent identity is the reference we resolved: no need to re-encode
             self.persist_with(n, name, _blob_bytes(rec.data, args_at))
-        if not n.persist.ok or n.persist.ikey != ikey:
+        if not n.persist.ok or not _blob_equals(rec.data, args_at + 4 + args_n, n.persist.ikey):
             return None   # the record does not agree with itself: not this instance
         return n
 
@@ -1051,16 +1049,13 @@ cdef class Runtime:
         return p
 
     cdef Persist persist_with(self, Instance n, str ident, bytes args):
-        # n's persistent identity, set and indexed by its instance key
+        # n's persistent identity, set
         cdef Persist p = Persist.__new__(Persist)
         p.ident = ident
         p.args = args
         p.ikey = _keys.instance_key(ident, args, self.hash)
         p.ok = True
         n.persist = p
-        if self.by_ikey is None:
-            self.by_ikey = {}
-        self.by_ikey[p.ikey] = n
         return p
 
     cdef object value_hash(self, Node n):
@@ -1393,6 +1388,8 @@ from libc.stdlib cimport malloc, free
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint64_t
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object o)
 
 import struct as _struct
 from incr.store import FORMAT as _RECORD_FORMAT, MAGIC as _MAGIC, KIND_CELL as _KIND_CELL, \
@@ -1434,14 +1431,62 @@ cdef inline bytes _blob_bytes(bytes data, Py_ssize_t at):
     return PyBytes_FromStringAndSize(<const char *>p + at + 4, _u32(p + at))
 
 
+cdef bint _utf8_valid(const unsigned char *s, Py_ssize_t n) nogil:
+    # exactly what Python's strict UTF-8 decoder accepts: no overlong forms, no surrogates,
+    # nothing above U+10FFFF
+    cdef Py_ssize_t i = 0, j, more
+    cdef unsigned char c, c1
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if 0xc2 <= c <= 0xdf:
+            more = 1
+        elif 0xe0 <= c <= 0xef:
+            more = 2
+        elif 0xf0 <= c <= 0xf4:
+            more = 3
+        else:
+            return False
+        if n - i <= more:
+            return False
+        c1 = s[i + 1]
+        if (c == 0xe0 and c1 < 0xa0) or (c == 0xed and c1 > 0x9f) \
+                or (c == 0xf0 and c1 < 0x90) or (c == 0xf4 and c1 > 0x8f):
+            return False
+        for j in range(1, more + 1):
+            if (s[i + j] & 0xc0) != 0x80:
+                return False
+        i += more + 1
+    return True
+
+
+cdef str _rec_str(Record r, Py_ssize_t index):
+    # string `index` of r's string table (checked by _read_record: in range, UTF-8)
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(r.data)
+    cdef Py_ssize_t at = r.strs_at
+    cdef Py_ssize_t k
+    for k in range(index):
+        at += 4 + _u32(p + at)
+    return PyUnicode_DecodeUTF8(<const char *>p + at + 4, _u32(p + at), "strict")
+
+
+def utf8_valid(bytes data):
+    """Whether the record reader takes ``data`` as UTF-8 (for tests)."""
+    return _utf8_valid(<const unsigned char *>PyBytes_AS_STRING(data), len(data))
+
+
 cdef inline bint _blob_equals(bytes data, Py_ssize_t at, bytes other):
     cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
     cdef Py_ssize_t n = _u32(p + at)
     return n == len(other) and memcmp(p + at + 4, PyBytes_AS_STRING(other), n) == 0
 
 
+@cython.no_gc
 cdef class Record:
     """A checked stored record (internal). ``read_record`` makes one; ``as_dict`` shows it."""
+    # (not tracked by the cyclic collector: it holds bytes only)
 
     def __dealloc__(self):
         if self.deps_at != NULL:
@@ -1454,7 +1499,7 @@ cdef class Record:
         deps = []
         for i in range(self.ndeps):
             deps.append(_dep_as_list(self, i))
-        return {"cell": self.strs[self.cell], "label": self.strs[self.label],
+        return {"cell": _rec_str(self, self.cell), "label": _rec_str(self, self.label),
                 "args": _blob_bytes(self.data, self.args_at),
                 "val": _blob_bytes(self.data, self.val_at),
                 "vh": _blob_bytes(self.data, self.vh_at), "deps": deps, "run": self.run}
@@ -1463,7 +1508,7 @@ cdef class Record:
 cdef list _dep_as_list(Record r, Py_ssize_t i):
     cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(r.data)
     cdef Py_ssize_t at = r.deps_at[i]
-    name = r.strs[_u32(p + at + 1)]
+    name = _rec_str(r, _u32(p + at + 1))
     at += 5
     if p[at - 5] == 0x69:   # 'i'
         return ["i", name, _blob_bytes(r.data, at)]
@@ -1520,15 +1565,13 @@ cdef Record _read_record(bytes key, object data):
     at += 12
     if nstr > end - at:
         raise ValueError("string table overruns the record")
-    strs = []
+    r.strs_at = at
+    r.nstr = nstr
     for k in range(nstr):
         i = _blob(p, at, end)
-        try:
-            strs.append(PyUnicode_DecodeUTF8(<const char *>p + at + 4, i - at - 4, "strict"))
-        except UnicodeDecodeError:
-            raise ValueError("a string is not UTF-8") from None
+        if not _utf8_valid(p + at + 4, i - at - 4):
+            raise ValueError("a string is not UTF-8")
         at = i
-    r.strs = strs
     if at + 8 > end:
         raise ValueError("truncated body")
     r.cell = _u32(p + at)

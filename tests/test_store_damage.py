@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import incr
 from incr import keys
-from incr._core import decode_simple
+from incr._core import decode_simple, utf8_valid
 from incr.store import (FORMAT, HEADER, KIND_CELL, MAGIC, DamagedRecordWarning, pack_record,
                         unpack_record)
 
@@ -398,6 +398,30 @@ def test_unpack_record_sound_prefix_then_anything(parts, nstr, ndeps):
     body += b"".join(parts)
     _unpack_ok_or_valueerror(HEADER.pack(MAGIC, FORMAT, KIND_CELL, len(body),
                                          keys.checksum(body)) + body)
+
+
+def _decodes(data):
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@FUZZ
+@given(st.binary(max_size=12) | st.text(max_size=6).map(
+    lambda t: t.encode("utf-8", "surrogatepass")))
+def test_record_strings_are_checked_as_python_decodes_utf8(data):
+    # the reader checks strings without decoding them; it must accept exactly what Python's
+    # strict decoder accepts (overlong forms, surrogates, > U+10FFFF, truncations refused)
+    assert utf8_valid(data) == _decodes(data)
+
+
+@pytest.mark.parametrize("data", [b"\xc0\x80", b"\xe0\x80\x80", b"\xed\xa0\x80",
+                                  b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xe2\x82",
+                                  b"\x80", b"a\xff", "é€𝄞".encode(), b"\x00"])
+def test_record_strings_edge_cases(data):
+    assert utf8_valid(data) == _decodes(data)
 
 
 _text = st.text(max_size=6)
