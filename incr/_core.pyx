@@ -951,18 +951,21 @@ cdef class Runtime:
         cdef Record r
         cdef bytes key
         cdef Py_ssize_t n = len(ikey)
-        cur = self.store.pass_cursor()
-        if cur.set_range(ikey):
-            key = cur.key()
+        ops = self.store.pass_ops
+        if ops is None:
+            ops = self.store.pass_cursor()
+        set_range, key_of, value_of, next_ = <tuple>ops   # bound once per pass
+        if set_range(ikey):
+            key = key_of()
             while len(key) >= n and memcmp(PyBytes_AS_STRING(key), PyBytes_AS_STRING(ikey),
                                            n) == 0:
                 try:
-                    out.append(_read_record(key, cur.value()))
+                    out.append(_read_record(key, value_of()))
                 except ValueError as e:
                     self.store.damaged_record(key, str(e))
-                if not cur.next():
+                if not next_():
                     break
-                key = cur.key()
+                key = key_of()
         if len(out) > 1:
             out.sort(key=_minus_run)
         return out
@@ -984,7 +987,7 @@ cdef class Runtime:
         m.flags = (m.flags | F_HAS_VALUE) & ~F_DIRTY
         m.last_action = A_LOADED
         self.raise_ts(m)
-        self.store.hits.append(rec.key)
+        _add_usage_tag(self.store.hit_tags, rec.key)
         self.n_store_hits += 1
         self.n_reused += 1
         if self.report_log is not None:
@@ -1383,7 +1386,8 @@ cdef extern from "Python.h":
     double PyFloat_Unpack4(const char *p, int le) except? -1.0
     double PyFloat_Unpack8(const char *p, int le) except? -1.0
 
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
+from cpython.bytearray cimport PyByteArray_Resize, PyByteArray_AS_STRING
 from libc.stdlib cimport malloc, free
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint64_t
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
@@ -1833,6 +1837,25 @@ def decode_simple(bytes data):
 
 def _minus_run(Record r):
     return -r.run
+
+
+cdef void _add_usage_tag(bytearray tags, bytes key) except *:
+    # append store.usage_tag(key) (bytes 1-4 and the last 4 of the entry key) to tags
+    cdef Py_ssize_t n = len(tags)
+    cdef const char *k = PyBytes_AS_STRING(key)
+    cdef Py_ssize_t m = len(key)
+    cdef char *t
+    if m < 9:
+        raise ValueError("an entry key is longer than 8 bytes")
+    PyByteArray_Resize(tags, n + 8)
+    t = PyByteArray_AS_STRING(tags) + n
+    memcpy(t, k + 1, 4)
+    memcpy(t + 4, k + m - 4, 4)
+
+
+def add_usage_tag(bytearray tags, bytes key):
+    """What adopt does for each hit (for tests: must equal store.usage_tag)."""
+    _add_usage_tag(tags, key)
 
 
 cdef dict _stored_cells = _keys.stored_cells

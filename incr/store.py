@@ -5,11 +5,15 @@ Layout of a store directory (owner-only: the directory is 0700, the files 0600):
 - ``meta``    format version, creation time, run counter;
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
   record (below). Several traces of one instance coexist (change-and-revert finds the old one);
-- ``log``     one entry per commit that wrote or took entries: key = run (u64) + sequence (u32),
-  value = key length (u8) + hit flag (u8) + the entry keys, concatenated. A key is listed once
-  per hit. Folded into ``used`` every ``FOLD_AT`` log entries, and by ``gc``;
-- ``used``    per entry key: hit count and the last run that wrote or hit it (for inspect, gc),
-  as of the last fold; ``Store.usage()`` adds what the log holds since.
+- ``log``     usage, as written: one entry per commit that wrote or took entries, key = run
+  (u64) + sequence (u32), value = kind (u8: 0 written, 1 taken) + the usage tags of those
+  entries, concatenated (a tag is listed once per hit). The *usage tag* of an entry key is 8
+  of its bytes, 4 of the instance key and 4 of the trace hash (``usage_tag``): 8 bytes a hit;
+- ``used``    usage, folded: per usage tag, hit count and the last run that wrote or hit it.
+  The commit that finds ``FOLD_AT`` log entries, or the log at a quarter of the entries' size,
+  folds the log into ``used`` (one update per distinct tag); so does ``gc``.
+  ``Store.usage()`` reports both, per entry key. Usage is advisory (inspect, gc): two entries
+  whose tags collide (about 2**-64 per pair) share it, and a damaged log entry is skipped.
 
 A record (format 2) is a 16-byte header — magic ``iR``, format version, kind, payload length
 (u32), xxh3_64 of the payload (u64) — then the payload; every integer is big endian, a *blob*
@@ -59,6 +63,7 @@ NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glus
 USAGE = struct.Struct(">QQ")       # hits, last run that wrote or took the entry
 LOG_KEY = struct.Struct(">QI")    # run, sequence
 FOLD_AT = 64                      # log entries that make a commit fold the log into ``used``
+FOLD_SLACK_PAGES = 64             # ... or log pages beyond a quarter of the entries' + this
 
 
 def _usage(v: bytes | None) -> tuple[int, int]:
@@ -113,7 +118,7 @@ def _after_fork_in_child() -> None:
     # forget every inherited environment at once, so that a child can open any store anew
     # (its own Runtime on the same path, or the parent's Runtime, reopened on first use)
     for s in list(_live):
-        env, s.env, s.reader, s.cursor = s.env, None, None, None
+        env, s.env, s.reader, s.cursor, s.pass_ops = s.env, None, None, None, None
         if env is not None:
             _forget_inherited(env)
 
@@ -160,10 +165,11 @@ class Store:
         if not create and not os.path.isdir(self.path):
             raise StoreError(f"there is no incr store at {self.path}")
         self.pending: dict[bytes, bytes] = {}
-        self.hits: list[bytes] = []       # entry keys taken from the store, once per hit
+        self.hit_tags = bytearray()      # usage tags of the entries taken, once per hit
         self.seq = 0                      # log entries this run has written
         self.reader = None               # a read transaction kept for one pass (end_pass)
         self.cursor = None               # a cursor of that transaction on ``entries``
+        self.pass_ops = None             # its bound methods (see pass_cursor)
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
         self._open()
 
@@ -239,11 +245,12 @@ class Store:
     def _env(self) -> lmdb.Environment:
         if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
             self.pending.clear()
-            self.hits.clear()
+            self.hit_tags = bytearray()
             self.seq = 0
             self.damaged.clear()
             self.reader = None
             self.cursor = None
+            self.pass_ops = None
             if self.env is not None:
                 _forget_inherited(self.env)
             self._open()
@@ -293,10 +300,11 @@ class Store:
                 out.clear()
         return out
 
-    def pass_cursor(self) -> lmdb.Cursor:
-        """A cursor on ``entries`` in the pass's read transaction (begun if none is open; see
-        ``end_pass``). The runtime walks it (set_range, key, value, next) to find an instance's
-        entries; values are bytes (``buffers=False``)."""
+    def pass_cursor(self) -> tuple:
+        """The methods set_range, key, value and next of a cursor on ``entries`` in the pass's
+        read transaction (begun if none is open; see ``end_pass``), also kept as ``pass_ops``
+        until the pass ends. The runtime walks it to find an instance's entries; values are
+        bytes (``buffers=False``)."""
         if self.reader is None:
             env = self._env()
             for _ in range(3):
@@ -308,7 +316,9 @@ class Store:
             else:
                 self.reader = self._begin(db=self.entries, buffers=False)
             self.cursor = self.reader.cursor()
-        return self.cursor
+            c = self.cursor
+            self.pass_ops = (c.set_range, c.key, c.value, c.next)
+        return self.pass_ops
 
     def damaged_record(self, key: bytes, why: str) -> None:
         """The record at ``key`` is damaged: warn, and replace it at the next commit."""
@@ -326,6 +336,7 @@ class Store:
                 pass
             self.reader = None
             self.cursor = None
+            self.pass_ops = None
 
     def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
         """Every entry: (key, record or None if damaged, size in bytes)."""
@@ -340,14 +351,19 @@ class Store:
 
     def usage(self) -> dict[bytes, tuple[int, int]]:
         """Entry key -> (hits, last run that wrote or hit it): ``used`` plus the log."""
+        by_tag: dict[bytes, tuple[int, int]] = {}
         out = {}
         with self._begin(buffers=False) as txn:
             for k, v in txn.cursor(db=self.used):
-                out[k] = _usage(v)
-            for run, hit, keys in _log_entries(txn, self.log):
-                for k in keys:
-                    h, last = out.get(k, (0, 0))
-                    out[k] = (h + hit, max(last, run))
+                by_tag[k] = _usage(v)
+            for run, hit, tags in _log_entries(txn, self.log):
+                for t in tags:
+                    h, last = by_tag.get(t, (0, 0))
+                    by_tag[t] = (h + hit, max(last, run))
+            for k in txn.cursor(db=self.entries).iternext(keys=True, values=False):
+                u = by_tag.get(usage_tag(k))
+                if u is not None:
+                    out[k] = u
         return out
 
     def fold(self) -> None:
@@ -355,22 +371,32 @@ class Store:
         with self._begin(write=True) as txn:
             self._fold(txn)
 
+    def _log_is_full(self, txn: lmdb.Transaction) -> bool:
+        """Fold when the log has FOLD_AT entries, or takes a quarter of the entries' pages."""
+        log = txn.stat(self.log)
+        if log["entries"] >= FOLD_AT:
+            return True
+        entries = txn.stat(self.entries)
+        pages = lambda st: st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+        return 4 * pages(log) > pages(entries) + FOLD_SLACK_PAGES
+
     def _fold(self, txn: lmdb.Transaction) -> None:
         delta: dict[bytes, list[int]] = {}
-        for run, hit, keys in _log_entries(txn, self.log):
-            for k in keys:
-                d = delta.get(k)
+        for run, hit, tags in _log_entries(txn, self.log):
+            for t in tags:
+                d = delta.get(t)
                 if d is None:
-                    delta[k] = [hit, run]
+                    delta[t] = [hit, run]
                 else:
                     d[0] += hit
-                    d[1] = max(d[1], run)
+                    if run > d[1]:
+                        d[1] = run
         # in key order: one cursor walks the B-tree forward instead of seeking from the root
         cur = txn.cursor(db=self.used)
-        for k in sorted(delta):
-            h, run = delta[k]
-            old_h, old_run = _usage(cur.get(k))
-            cur.put(k, USAGE.pack(old_h + h, max(old_run, run)))
+        for t in sorted(delta):
+            h, run = delta[t]
+            old_h, old_run = _usage(cur.get(t))
+            cur.put(t, USAGE.pack(old_h + h, max(old_run, run)))
         txn.drop(self.log, delete=False)
 
     # -- writing --------------------------------------------------------------------------
@@ -379,29 +405,23 @@ class Store:
         self.pending[key] = record
 
     def hit(self, key: bytes) -> None:
-        self.hits.append(key)
-
-    @staticmethod
-    def _log_values(keys: list[bytes], hit: int) -> list[bytes]:
-        """Log entry values listing ``keys`` (one per key length; a store's keys have one)."""
-        by_len: dict[int, list[bytes]] = {}
-        if keys and len(set(map(len, keys))) == 1:
-            by_len[len(keys[0])] = keys
-        else:
-            for k in keys:
-                by_len.setdefault(len(k), []).append(k)
-        return [bytes((n, hit)) + b"".join(ks) for n, ks in by_len.items() if 0 < n < 256]
+        """Count one hit of the entry ``key`` (the runtime appends to ``hit_tags`` itself)."""
+        self.hit_tags += usage_tag(key)
 
     def commit(self) -> None:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
         earlier commits intact) if the disk is full or the store refuses the write."""
         self.end_pass()
-        if not self.pending and not self.hits and not self.damaged:
+        if not self.pending and not self.hit_tags and not self.damaged:
             return
         env = self._env()
-        pending, hits, damaged = self.pending, self.hits, self.damaged
-        self.pending, self.hits, self.damaged = {}, [], set()
-        logs = self._log_values(sorted(pending), 0) + self._log_values(hits, 1)
+        pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
+        self.pending, self.hit_tags, self.damaged = {}, bytearray(), set()
+        logs = []
+        if pending:
+            logs.append(b"\x00" + b"".join([usage_tag(k) for k in pending]))
+        if hit_tags:
+            logs.append(b"\x01" + hit_tags)
         for _attempt in range(8):
             try:
                 with env.begin(write=True) as txn:
@@ -414,12 +434,12 @@ class Store:
                                 txn.delete(k, db=self.entries)
                     for k in sorted(pending):
                         txn.put(k, pending[k], db=self.entries, overwrite=False)
-                    # usage: one log entry per kind, not one update per entry (see fold)
+                    # usage: one log entry per kind, not one update per entry (see _fold)
                     seq = self.seq
                     for v in logs:
                         txn.put(LOG_KEY.pack(self.run, seq), v, db=self.log)
                         seq += 1
-                    if txn.stat(self.log)["entries"] >= FOLD_AT:
+                    if self._log_is_full(txn):
                         self._fold(txn)
                 self.seq = seq
                 return
@@ -450,22 +470,27 @@ class Store:
         with self._begin(write=True) as txn:
             for k in keys:
                 n += bool(txn.delete(k, db=self.entries))
-                txn.delete(k, db=self.used)   # (fold first: see collect)
+                txn.delete(usage_tag(k), db=self.used)   # (fold first: see collect)
         return n
 
 
+def usage_tag(key: bytes) -> bytes:
+    """The 8 bytes that stand for an entry key in usage: 4 of the instance key, 4 of the
+    trace hash (both past the algorithm byte). incr._core makes the same tag for each hit."""
+    return key[1:5] + key[-4:]
+
+
 def _log_entries(txn: lmdb.Transaction, db: Any) -> Iterator[tuple[int, int, list[bytes]]]:
-    """(run, 1 for hits or 0 for writes, entry keys) of every sound log entry; a damaged one is
+    """(run, 1 for hits or 0 for writes, usage tags) of every sound log entry; a damaged one is
     skipped (usage is advisory: it never decides a value)."""
     for k, v in txn.cursor(db=db):
-        if len(k) != LOG_KEY.size or len(v) < 2:
+        if len(k) != LOG_KEY.size or len(v) < 1:
             continue
         run, _seq = LOG_KEY.unpack(k)
-        n, hit = v[0], v[1]
-        body = v[2:]
-        if n == 0 or hit > 1 or len(body) % n:
+        kind, body = v[0], v[1:]
+        if kind > 1 or len(body) % 8:
             continue
-        yield run, hit, [body[i:i + n] for i in range(0, len(body), n)]
+        yield run, kind, [body[i:i + 8] for i in range(0, len(body), 8)]
 
 
 # --- what the command line needs: summaries, the trace, garbage collection -------------------

@@ -424,6 +424,16 @@ def test_record_strings_edge_cases(data):
     assert utf8_valid(data) == _decodes(data)
 
 
+@FUZZ
+@given(st.binary(min_size=9, max_size=50))
+def test_usage_tag_of_a_hit_is_the_store_s(key):
+    from incr._core import add_usage_tag
+    from incr.store import usage_tag
+    tags = bytearray(b"ab")
+    add_usage_tag(tags, key)
+    assert bytes(tags) == b"ab" + usage_tag(key)
+
+
 _text = st.text(max_size=6)
 _bin = st.binary(max_size=8)
 records = st.fixed_dictionaries({
