@@ -272,49 +272,13 @@ class Store:
 
     # -- reading --------------------------------------------------------------------------
 
-    def candidates(self, ikey: bytes) -> list[tuple[bytes, bytes]]:
-        """The entries stored for the instance key ``ikey``: (entry key, record bytes), not yet
-        checked (the runtime reads them; see ``damaged_record``).
-
-        Uses one read transaction and one cursor for the whole pass (see ``end_pass``)."""
-        env = self.env if self.reader is not None else self._env()
-        out = []
-        n = len(ikey)
-        for _ in range(3):
-            try:
-                if self.reader is None:
-                    self.reader = self._begin(db=self.entries, buffers=False)
-                    self.cursor = self.reader.cursor()
-                cur = self.cursor
-                if cur.set_range(ikey):
-                    k = cur.key()
-                    while k[:n] == ikey:
-                        out.append((k, cur.value()))
-                        if not cur.next():
-                            break
-                        k = cur.key()
-                break
-            except lmdb.MapResizedError:
-                self.end_pass()
-                env.set_mapsize(0)
-                out.clear()
-        return out
-
     def pass_cursor(self) -> tuple:
         """The methods set_range, key, value and next of a cursor on ``entries`` in the pass's
         read transaction (begun if none is open; see ``end_pass``), also kept as ``pass_ops``
         until the pass ends. The runtime walks it to find an instance's entries; values are
         bytes (``buffers=False``)."""
         if self.reader is None:
-            env = self._env()
-            for _ in range(3):
-                try:
-                    self.reader = self._begin(db=self.entries, buffers=False)
-                    break
-                except lmdb.MapResizedError:
-                    env.set_mapsize(0)
-            else:
-                self.reader = self._begin(db=self.entries, buffers=False)
+            self.reader = self._begin(db=self.entries, buffers=False)   # (adopts a grown map)
             self.cursor = self.reader.cursor()
             c = self.cursor
             self.pass_ops = (c.set_range, c.key, c.value, c.next)
