@@ -44,6 +44,7 @@ import weakref
 import struct
 import time
 import warnings
+from collections import Counter
 from typing import Any, Iterator
 
 import lmdb
@@ -345,22 +346,20 @@ class Store:
         return 4 * pages(log) > pages(entries) + FOLD_SLACK_PAGES
 
     def _fold(self, txn: lmdb.Transaction) -> None:
-        delta: dict[bytes, list[int]] = {}
-        for run, hit, tags in _log_entries(txn, self.log):
-            for t in tags:
-                d = delta.get(t)
-                if d is None:
-                    delta[t] = [hit, run]
-                else:
-                    d[0] += hit
-                    if run > d[1]:
-                        d[1] = run
-        # in key order: one cursor walks the B-tree forward instead of seeking from the root
+        hits: Counter[bytes] = Counter()
+        last: dict[bytes, int] = {}
+        for run, hit, tags in _log_entries(txn, self.log):   # in run order (the key's order)
+            last.update(dict.fromkeys(tags, run))
+            if hit:
+                hits.update(tags)
         cur = txn.cursor(db=self.used)
-        for t in sorted(delta):
-            h, run = delta[t]
-            old_h, old_run = _usage(cur.get(t))
-            cur.put(t, USAGE.pack(old_h + h, max(old_run, run)))
+        old = dict(cur.iternext())   # one forward walk (a fold usually touches most tags)
+        pack, unpack, size, out = USAGE.pack, USAGE.unpack, USAGE.size, []
+        for t in sorted(last):
+            v = old.get(t)
+            h, run = unpack(v) if v is not None and len(v) == size else (0, 0)
+            out.append((t, pack(h + hits[t], max(run, last[t]))))
+        cur.putmulti(out)
         txn.drop(self.log, delete=False)
 
     # -- writing --------------------------------------------------------------------------
