@@ -58,6 +58,7 @@ cdef class Instance(Node):
 
 cdef class Persist:
     # An instance's persistent identity, and the state of a store lookup in progress.
+    # Not tracked by the cyclic collector (cands and resolved are None outside a lookup).
     cdef bint ok                     # False: this instance is never stored
     cdef bytes ikey                  # instance key: hash of (cell identity, canonical arguments)
     cdef str ident                   # the cell's identity
@@ -80,6 +81,12 @@ cdef class Record:
     cdef Py_ssize_t args_at, val_at, vh_at   # offsets of blobs (u32 length, then bytes)
     cdef Py_ssize_t ndeps
     cdef Py_ssize_t *deps_at         # offset of each dependency
+    # Not tracked by the cyclic collector (holds bytes only). Module-level helpers in _core.pyx,
+    # next to the store functions of Runtime: _read_record (check bytes, make a Record; raises
+    # ValueError only), _pack_record (the writer), _rec_str, _dep_hash_at, _blob_bytes,
+    # _blob_equals, _utf8_valid; _decode_simple / _decode_at (the common argument and value
+    # encodings, read in place; anything else goes to keys.decode); _instance_key;
+    # _add_usage_tag (one hit, for the store's usage log).
 
 
 cdef enum Action:

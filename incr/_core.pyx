@@ -1056,7 +1056,7 @@ cdef class Runtime:
         cdef Persist p = Persist.__new__(Persist)
         p.ident = ident
         p.args = args
-        p.ikey = _keys.instance_key(ident, args, self.hash)
+        p.ikey = _instance_key(ident, args, self.hash)
         p.ok = True
         n.persist = p
         return p
@@ -1856,6 +1856,25 @@ cdef void _add_usage_tag(bytearray tags, bytes key) except *:
 def add_usage_tag(bytearray tags, bytes key):
     """What adopt does for each hit (for tests: must equal store.usage_tag)."""
     _add_usage_tag(tags, key)
+
+
+cdef dict _ikey_prefix = _keys._ikey_prefix
+from xxhash import xxh3_128_digest as _xxh3_128_digest
+
+
+cdef bytes _instance_key(str ident, bytes args, str algorithm):
+    # keys.instance_key, without a Python call when its pre-image prefix is known (xxh3_128)
+    cdef object pre
+    if algorithm == "xxh3_128":
+        pre = _ikey_prefix.get(ident)
+        if pre is not None:
+            return b"x" + _xxh3_128_digest(<bytes>pre + args)
+    return _keys.instance_key(ident, args, algorithm)
+
+
+def instance_key(str ident, bytes args, str algorithm):
+    """What the runtime uses as keys.instance_key (for tests: they must agree)."""
+    return _instance_key(ident, args, algorithm)
 
 
 cdef dict _stored_cells = _keys.stored_cells

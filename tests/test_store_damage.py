@@ -434,6 +434,15 @@ def test_usage_tag_of_a_hit_is_the_store_s(key):
     assert bytes(tags) == b"ab" + usage_tag(key)
 
 
+@FUZZ
+@given(st.text(max_size=12), st.binary(max_size=20), st.sampled_from(["xxh3_128", "blake2b"]))
+def test_runtime_instance_key_is_keys_instance_key(ident, args, algorithm):
+    from incr import _core
+    want = keys.instance_key(ident, args, algorithm)
+    assert _core.instance_key(ident, args, algorithm) == want   # (the prefix is cached now)
+    assert _core.instance_key(ident, args, algorithm) == want
+
+
 _text = st.text(max_size=6)
 _bin = st.binary(max_size=8)
 records = st.fixed_dictionaries({
