@@ -1379,7 +1379,6 @@ def _explain(Runtime rt, Instance n):
 # until the engine asks for it. Nothing here pickles, marshals or evaluates what it reads.
 
 cdef extern from "Python.h":
-    object PyMemoryView_FromMemory(char *mem, Py_ssize_t size, int flags)
     object PyUnicode_DecodeUTF8(const char *s, Py_ssize_t size, const char *errors)
     object PyBytes_FromStringAndSize(const char *v, Py_ssize_t len)
     char *PyBytes_AS_STRING(object o)
@@ -1398,9 +1397,7 @@ cdef extern from "Python.h":
 import struct as _struct
 from incr.store import FORMAT as _RECORD_FORMAT, MAGIC as _MAGIC, KIND_CELL as _KIND_CELL, \
     MAX_RECORD as _MAX_RECORD
-from xxhash import xxh3_64_intdigest as _xxh3_64_intdigest
 
-cdef int _PyBUF_READ = 0x100
 cdef Py_ssize_t HEAD = 16
 cdef int REC_FORMAT = _RECORD_FORMAT
 cdef int REC_KIND = _KIND_CELL
@@ -1417,6 +1414,91 @@ cdef inline uint64_t _u64(const unsigned char *p) nogil:
     for i in range(8):
         v = (v << 8) | p[i]
     return v
+
+
+# XXH64 (xxHash's 64-bit hash, seed 0): the records' checksum, computed here on the record
+# buffer; keys.checksum gives the same through the xxhash package (tests check they agree).
+cdef uint64_t _P1 = 0x9E3779B185EBCA87ULL
+cdef uint64_t _P2 = 0xC2B2AE3D27D4EB4FULL
+cdef uint64_t _P3 = 0x165667B19E3779F9ULL
+cdef uint64_t _P4 = 0x85EBCA77C2B2AE63ULL
+cdef uint64_t _P5 = 0x27D4EB2F165667C5ULL
+
+
+cdef inline uint64_t _rotl(uint64_t x, int r) nogil:
+    return (x << r) | (x >> (64 - r))
+
+
+cdef inline uint64_t _le64(const unsigned char *p) nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(7, -1, -1):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline uint64_t _le32(const unsigned char *p) nogil:
+    return (<uint64_t>p[0]) | (<uint64_t>p[1] << 8) | (<uint64_t>p[2] << 16) \
+        | (<uint64_t>p[3] << 24)
+
+
+cdef inline uint64_t _xxround(uint64_t acc, uint64_t v) nogil:
+    acc = acc + v * _P2
+    acc = _rotl(acc, 31)
+    return acc * _P1
+
+
+cdef inline uint64_t _xxmerge(uint64_t acc, uint64_t v) nogil:
+    acc = acc ^ _xxround(0, v)
+    return acc * _P1 + _P4
+
+
+cdef uint64_t _xxh64(const unsigned char *p, Py_ssize_t n) nogil:
+    cdef const unsigned char *end = p + n
+    cdef uint64_t v1, v2, v3, v4, h
+    if n >= 32:
+        v1 = _P1 + _P2
+        v2 = _P2
+        v3 = 0
+        v4 = 0 - _P1
+        while p + 32 <= end:
+            v1 = _xxround(v1, _le64(p))
+            v2 = _xxround(v2, _le64(p + 8))
+            v3 = _xxround(v3, _le64(p + 16))
+            v4 = _xxround(v4, _le64(p + 24))
+            p += 32
+        h = _rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)
+        h = _xxmerge(h, v1)
+        h = _xxmerge(h, v2)
+        h = _xxmerge(h, v3)
+        h = _xxmerge(h, v4)
+    else:
+        h = _P5
+    h += <uint64_t>n
+    while p + 8 <= end:
+        h = h ^ _xxround(0, _le64(p))
+        h = _rotl(h, 27) * _P1 + _P4
+        p += 8
+    if p + 4 <= end:
+        h = h ^ (_le32(p) * _P1)
+        h = _rotl(h, 23) * _P2 + _P3
+        p += 4
+    while p < end:
+        h = h ^ (p[0] * _P5)
+        h = _rotl(h, 11) * _P1
+        p += 1
+    h = h ^ (h >> 33)
+    h = h * _P2
+    h = h ^ (h >> 29)
+    h = h * _P3
+    h = h ^ (h >> 32)
+    return h
+
+
+def record_checksum(bytes payload):
+    """The checksum the record reader computes (for tests: must equal keys.checksum)."""
+    return _xxh64(<const unsigned char *>PyBytes_AS_STRING(payload), len(payload)).to_bytes(
+        8, "big")
 
 
 cdef inline Py_ssize_t _blob(const unsigned char *p, Py_ssize_t at, Py_ssize_t end) except -2:
@@ -1552,8 +1634,7 @@ cdef Record _read_record(bytes key, object data):
         raise ValueError(f"record kind {p[3]} is unknown")
     if _u32(p + 4) > REC_MAX or _u32(p + 4) != n - HEAD:
         raise ValueError("length field does not match")
-    if <uint64_t>_xxh3_64_intdigest(PyMemoryView_FromMemory(<char *>p + HEAD, n - HEAD,
-                                                           _PyBUF_READ)) != _u64(p + 8):
+    if _xxh64(p + HEAD, n - HEAD) != _u64(p + 8):
         raise ValueError("checksum mismatch")
     r = Record.__new__(Record)
     r.key = key
@@ -1654,7 +1735,8 @@ cdef bytes _pack_record(str ident, str label, bytes args, bytes val, bytes vh, l
     if len(payload) > REC_MAX:
         raise ValueError("record too large")
     return (b"iR" + bytes((REC_FORMAT, REC_KIND)) + len(payload).to_bytes(4, "big")
-            + _xxh3_64_intdigest(payload).to_bytes(8, "big") + payload)
+            + _xxh64(<const unsigned char *>PyBytes_AS_STRING(payload),
+                     len(payload)).to_bytes(8, "big") + payload)
 
 
 def read_record(data, key=b""):

@@ -421,8 +421,9 @@ def digest(domain: str, payload: bytes, algorithm: str = "xxh3_128") -> bytes:
 
 
 def checksum(payload: bytes) -> bytes:
-    """xxh3_64 of a record payload (integrity, not authenticity)."""
-    return _xxhash.xxh3_64_digest(payload)
+    """XXH64 of a record payload, big endian (integrity, not authenticity). The record reader
+    in incr._core computes the same in place."""
+    return _xxhash.xxh64_digest(payload)
 
 
 def code_fingerprint(fn: Any) -> bytes:

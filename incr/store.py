@@ -16,7 +16,7 @@ Layout of a store directory (owner-only: the directory is 0700, the files 0600):
   whose tags collide (about 2**-64 per pair) share it, and a damaged log entry is skipped.
 
 A record (format 2) is a 16-byte header — magic ``iR``, format version, kind, payload length
-(u32), xxh3_64 of the payload (u64) — then the payload; every integer is big endian, a *blob*
+(u32), XXH64 of the payload (u64, ``keys.checksum``) — then the payload; every integer is big endian, a *blob*
 is a u32 length and that many bytes, a *string* a blob of UTF-8::
 
     run u64 | string count u32 | strings... | cell u32 | label u32      (string indexes)

@@ -443,6 +443,16 @@ def test_runtime_instance_key_is_keys_instance_key(ident, args, algorithm):
     assert _core.instance_key(ident, args, algorithm) == want
 
 
+@FUZZ
+@given(st.binary(max_size=200) | st.integers(0, 5000).map(lambda n: bytes(range(256)) * (n // 256)
+                                                        + bytes(n % 256)))
+def test_record_checksum_is_keys_checksum(payload):
+    # the reader's own XXH64 against the xxhash package's, at every length class (< 4, < 8,
+    # < 32, >= 32 bytes and long runs)
+    from incr._core import record_checksum
+    assert record_checksum(payload) == keys.checksum(payload)
+
+
 _text = st.text(max_size=6)
 _bin = st.binary(max_size=8)
 records = st.fixed_dictionaries({
