@@ -44,14 +44,16 @@ def root():
     return sum(group(g) for g in range(n // 100))
 
 t = time.perf_counter()
+c = time.process_time()
 with rt:
     value = root()
 seconds = time.perf_counter() - t
+cpu = time.process_time() - c
 t = time.perf_counter()
 rt.close()
 close_s = time.perf_counter() - t
 s = rt.stats()
-print(json.dumps({"seconds": seconds, "close": close_s, "value": value,
+print(json.dumps({"seconds": seconds, "cpu": cpu, "close": close_s, "value": value,
                   "computed": s["computed"], "hits": s["store_hits"]}))
 '''
 
@@ -73,7 +75,7 @@ def run_warm(n: int) -> dict:
         size = sum(f.stat().st_size for f in Path(store).iterdir())
     instances = warm["hits"]
     return {"n": n, "instances": instances, "memory_s": memory["seconds"],
-            "cold_s": cold["seconds"], "warm_s": warm["seconds"],
+            "cold_s": cold["seconds"], "warm_s": warm["seconds"], "warm_cpu_s": warm["cpu"],
             "warm_per_s": instances / warm["seconds"], "store_bytes": size,
             "agree": memory["value"] == cold["value"] == warm["value"],
             "warm_ran": warm["computed"]}
@@ -176,6 +178,9 @@ def main(argv=None) -> int:
     print(f"warm start, {warm['instances']:,} instances from the store: "
           f"{warm['warm_per_s']:,.0f} instances/s ({per_instance * 1e6:.1f} µs each); "
           f"values agree: {warm['agree']}; functions run: {warm['warm_ran']}")
+    print(f"  process CPU time of the warm start {warm['warm_cpu_s']:.2f} s "
+          f"({warm['instances'] / warm['warm_cpu_s']:,.0f} instances per CPU second; wall time "
+          f"above it means the machine was busy)")
     print(f"  first run with the store {warm['cold_s']:.2f} s, in memory {warm['memory_s']:.2f} s, "
           f"warm {warm['warm_s']:.2f} s -> warm is {warm['cold_s'] / warm['warm_s']:.1f}x faster "
           f"than computing into the store, {warm['memory_s'] / warm['warm_s']:.2f}x vs computing "

@@ -61,13 +61,35 @@ cdef class Instance(Node):
 
 cdef class Persist:
     # An instance's persistent identity, and the state of a store lookup in progress.
+    # Not tracked by the cyclic collector (cands and resolved are None outside a lookup).
     cdef bint ok                     # False: this instance is never stored
     cdef bytes ikey                  # instance key: hash of (cell identity, canonical arguments)
     cdef str ident                   # the cell's identity
     cdef bytes args                  # canonical encoding of the bound arguments
-    cdef list cands                  # stored records being tried, or None when no lookup runs
+    cdef list cands                  # stored Records being tried, or None when no lookup runs
     cdef Py_ssize_t ci, di           # candidate and dependency being checked
-    cdef list resolved               # dependencies of the candidate checked so far
+    cdef list resolved               # dependencies of the candidate resolved so far (the last
+                                     # may be one pushed for verification, not yet checked)
+
+
+cdef class Record:
+    # One stored record, checked (header, checksum, layout) and held undecoded: fields are
+    # offsets into `data`, decoded when used. Layout: incr/store.py.
+    cdef readonly bytes key          # entry key: instance key + trace hash
+    cdef bytes data                  # the whole record, header included
+    cdef readonly long long run      # the run that wrote it
+    cdef Py_ssize_t strs_at, nstr    # the string table (cell identity, label, dependency
+                                     # names): its offset and length
+    cdef Py_ssize_t cell, label      # indexes into it
+    cdef Py_ssize_t args_at, val_at, vh_at   # offsets of blobs (u32 length, then bytes)
+    cdef Py_ssize_t ndeps
+    cdef Py_ssize_t *deps_at         # offset of each dependency
+    # Not tracked by the cyclic collector (holds bytes only). Module-level helpers in _core.pyx,
+    # next to the store functions of Runtime: _read_record (check bytes, make a Record; raises
+    # ValueError only), _pack_record (the writer), _rec_str, _dep_hash_at, _blob_bytes,
+    # _blob_equals, _utf8_valid; _decode_simple / _decode_at (the common argument and value
+    # encodings, read in place; anything else goes to keys.decode); _instance_key;
+    # _add_usage_tag (one hit, for the store's usage log).
 
 
 cdef enum Action:
@@ -174,10 +196,11 @@ cdef class Runtime:
     cdef void check_usable(self) except *
     cdef int attempt(self, Instance m, list stack, list idx) except -1
     cdef int probe_step(self, Instance m, list stack, list idx) except -1
-    cdef void adopt(self, Instance m, bytes key, dict rec, list resolved) except *
-    cdef Node resolve(self, list dep)
+    cdef void adopt(self, Instance m, Record rec, list resolved) except *
+    cdef Node resolve(self, Record rec, Py_ssize_t i)
+    cdef list candidates(self, bytes ikey)
     cdef Persist persist_of(self, Instance n)
-    cdef Persist persist_with(self, str ident, bytes args)
+    cdef Persist persist_with(self, Instance n, str ident, bytes args)
     cdef object value_hash(self, Node n)
     cdef void record(self, Instance n) except *
     cdef void flush(self, bint quiet) except *

@@ -239,9 +239,24 @@ def _ext_bytes(code: int, data: bytes) -> bytes:
 
 
 def instance_key(ident: str, args: bytes, algorithm: str) -> bytes:
-    """The key of one instance: its cell's identity and its canonical arguments."""
-    b = ident.encode()
-    return digest("cell", len(b).to_bytes(4, "big") + b + args, algorithm)
+    """The key of one instance: its cell's identity and its canonical arguments.
+
+    Equal to ``digest("cell", len(ident) (u32) + ident + args, algorithm)``; the part of the
+    pre-image before the arguments is kept per identity."""
+    pre = _ikey_prefix.get(ident)
+    if pre is None:
+        b = ident.encode()
+        pre = _ikey_prefix[ident] = (b"incr" + bytes((FORMAT,)) + DOMAINS["cell"]
+                                     + len(b).to_bytes(4, "big") + b)
+    if algorithm == "xxh3_128":
+        return b"x" + _xxh3_128_digest(pre + args)
+    if algorithm == "blake2b":
+        return b"b" + _hashlib.blake2b(pre + args, digest_size=20).digest()
+    raise ValueError(f"unknown hash algorithm {algorithm!r}; use 'xxh3_128' or 'blake2b'")
+
+
+_ikey_prefix: dict[str, bytes] = {}
+_xxh3_128_digest = _xxhash.xxh3_128_digest
 
 
 def encode(value: Any, what: str = "value") -> bytes:
@@ -406,8 +421,9 @@ def digest(domain: str, payload: bytes, algorithm: str = "xxh3_128") -> bytes:
 
 
 def checksum(payload: bytes) -> bytes:
-    """xxh3_64 of a record payload (integrity, not authenticity)."""
-    return _xxhash.xxh3_64_digest(payload)
+    """XXH64 of a record payload, big endian (integrity, not authenticity). The record reader
+    in incr._core computes the same in place."""
+    return _xxhash.xxh64_digest(payload)
 
 
 def code_fingerprint(fn: Any) -> bytes:
@@ -457,6 +473,8 @@ def register_cell(cell: Any) -> None:
     _index.pop(cell.name, None)
     if _resolved:
         _resolved.clear()
+    if stored_cells:
+        stored_cells.clear()
 
 
 def _shallow(cell: Any) -> bytes:
@@ -541,6 +559,23 @@ def cell_for(ident: str) -> Any:
     c = _resolved.get(ident)
     if c is None:
         c = _resolved[ident] = _cell_for(ident)
+    return c
+
+
+# identity -> the live cell whose stored identity is exactly ``identity`` (its entries are
+# this identity's), or None; cleared in place on register (the runtime reads it directly)
+stored_cells: dict[str, Any] = {}
+
+
+def stored_cell(ident: str) -> Any:
+    """The live cell that stores its entries under ``ident`` — ``cell_for(ident)``, provided
+    ``cell_identity`` of it is ``ident`` — or None. Cached until the next cell is defined."""
+    c = stored_cells.get(ident, stored_cells)
+    if c is stored_cells:
+        c = cell_for(ident)
+        if c is not None and cell_identity(c) != ident:
+            c = None
+        stored_cells[ident] = c
     return c
 
 

@@ -5,15 +5,31 @@ Layout of a store directory (owner-only: the directory is 0700, the files 0600):
 - ``meta``    format version, creation time, run counter;
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
   record (below). Several traces of one instance coexist (change-and-revert finds the old one);
-- ``used``    per entry key: hit count and the last run that wrote or hit it (for inspect, gc);
+- ``log``     usage, as written: one entry per commit that wrote or took entries, key = run
+  (u64) + sequence (u32), value = kind (u8: 0 written, 1 taken) + the usage tags of those
+  entries, concatenated (a tag is listed once per hit). The *usage tag* of an entry key is 8
+  of its bytes, 4 of the instance key and 4 of the trace hash (``usage_tag``): 8 bytes a hit;
+- ``used``    usage, folded: per usage tag, hit count and the last run that wrote or hit it.
+  The commit that finds ``FOLD_AT`` log entries, or the log at a quarter of the entries' size,
+  folds the log into ``used`` (one update per distinct tag); so does ``gc``.
+  ``Store.usage()`` reports both, per entry key. Usage is advisory (inspect, gc): two entries
+  whose tags collide (about 2**-64 per pair) share it, and a damaged log entry is skipped.
 - ``nodes``   per LLM node instance key: its state (candidates, verdict ledger, attempt log),
   a record of kind 2 written by incr.llmnodes, committed in the same transaction as entries.
 
-A record is a 16-byte header — magic ``iR``, format version, kind, payload length (u32, big
-endian), xxh3_64 of the payload — then a msgpack payload (a map with str keys, checked against
-a schema before use). A record whose header, length, checksum, msgpack or schema is wrong is a
-miss plus one :class:`DamagedRecordWarning`: it never yields a value. Nothing here pickles,
-marshals or evaluates what it reads.
+A record (format 2) is a 16-byte header — magic ``iR``, format version, kind, payload length
+(u32), XXH64 of the payload (u64, ``keys.checksum``) — then the payload; every integer is big endian, a *blob*
+is a u32 length and that many bytes, a *string* a blob of UTF-8::
+
+    run u64 | string count u32 | strings... | cell u32 | label u32      (string indexes)
+    | args blob | val blob | vh blob | dependency count u32 | dependencies...
+    dependency: b"i" name u32 | hash blob                                (an input)
+              | b"c" identity u32 | args blob | instance key blob | hash blob   (a cell)
+
+The reader (``incr._core``, compiled) checks the header, the length, the checksum and then the
+whole layout (lengths and indexes in bounds, strings UTF-8, nothing left over) before anything
+is used. A record that fails any check is a miss plus one :class:`DamagedRecordWarning`: it
+never yields a value. Nothing here pickles, marshals or evaluates what it reads.
 
 Writes are buffered by the runtime and committed in one write transaction per top-level demand
 or stabilization (``commit``); the first writer of an entry wins (``overwrite=False``), so
@@ -30,15 +46,14 @@ import weakref
 import struct
 import time
 import warnings
+from collections import Counter
 from typing import Any, Iterator
 
 import lmdb
-import msgpack
 
 from incr.errors import StoreError
-from incr.keys import checksum
 
-FORMAT = 1
+FORMAT = 2                        # of the store and of its records
 MAGIC = b"iR"
 HEADER = struct.Struct(">2sBBI8s")
 MAX_RECORD = 64 << 20             # a record larger than this is damaged by definition
@@ -50,6 +65,9 @@ NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glus
 
 
 USAGE = struct.Struct(">QQ")       # hits, last run that wrote or took the entry
+LOG_KEY = struct.Struct(">QI")    # run, sequence
+FOLD_AT = 64                      # log entries that make a commit fold the log into ``used``
+FOLD_SLACK_PAGES = 64             # ... or log pages beyond a quarter of the entries' + this
 
 
 def _usage(v: bytes | None) -> tuple[int, int]:
@@ -63,55 +81,26 @@ class DamagedRecordWarning(UserWarning):
 
 
 def pack_record(payload: dict, kind: int = KIND_CELL) -> bytes:
-    body = msgpack.packb(payload, use_bin_type=True)
-    return HEADER.pack(MAGIC, FORMAT, kind, len(body), checksum(body)) + body
-
-
-_SCHEMA = {"cell": str, "label": str, "args": bytes, "val": bytes, "vh": bytes,
-           "deps": list, "run": int}
+    """The stored bytes of a record given as :func:`unpack_record` returns it (for tests and
+    tools; the runtime packs its records itself). ``kind`` other than KIND_CELL is for tests."""
+    from incr._core import pack_record_fields
+    deps = []
+    for kind_, ref, h in payload["deps"]:
+        if kind_ == "i":
+            deps.append(("i", ref, h))
+        else:
+            deps.append(("c", ref[0], ref[1], ref[2], h))
+    data = pack_record_fields(payload["cell"], payload["label"], payload["args"],
+                              payload["val"], payload["vh"], deps, payload["run"])
+    return data[:3] + bytes((kind,)) + data[4:]
 
 
 def unpack_record(data: bytes) -> dict:
-    """Decode and check one record; raise ValueError (only) if it is not a sound record."""
-    if len(data) < HEADER.size:
-        raise ValueError("shorter than a header")
-    magic, fmt, kind, length, crc = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise ValueError("not an incr record")
-    if fmt != FORMAT:
-        raise ValueError(f"record format {fmt}, this incr reads {FORMAT}")
-    if kind != KIND_CELL:
-        raise ValueError(f"record kind {kind} is unknown")
-    if length > MAX_RECORD or length != len(data) - HEADER.size:
-        raise ValueError("length field does not match")
-    body = memoryview(data)[HEADER.size:]
-    if checksum(body) != crc:
-        raise ValueError("checksum mismatch")
-    try:
-        rec = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
-                              ext_hook=_no_ext)
-    except Exception as e:  # any msgpack failure is damage
-        raise ValueError(f"payload: {type(e).__name__}") from None
-    if type(rec) is not dict:
-        raise ValueError("payload is not a map")
-    for k, t in _SCHEMA.items():
-        if type(rec.get(k)) is not t:
-            raise ValueError(f"field {k!r} missing or not {t.__name__}")
-    for d in rec["deps"]:
-        if type(d) is not list or len(d) != 3 or type(d[2]) is not bytes:
-            raise ValueError("malformed dependency")
-        kind, ref = d[0], d[1]
-        if kind == "c":
-            if type(ref) is not list or len(ref) != 2 or type(ref[0]) is not str \
-                    or type(ref[1]) is not bytes:
-                raise ValueError("malformed cell dependency")
-        elif kind != "i" or type(ref) is not str:
-            raise ValueError("malformed input dependency")
-    return rec
-
-
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"extension type {code} in a record envelope")
+    """Check and decode one record: ``{cell, label, args, val, vh, run, deps}``, each dependency
+    ``[kind, ref, hash]`` (``ref``: an input's name, or ``[identity, args, instance key]``).
+    Raises ValueError (only) if it is not a sound record."""
+    from incr._core import read_record
+    return read_record(data).as_dict()
 
 
 def _forget_inherited(env: Any) -> None:
@@ -133,7 +122,7 @@ def _after_fork_in_child() -> None:
     # forget every inherited environment at once, so that a child can open any store anew
     # (its own Runtime on the same path, or the parent's Runtime, reopened on first use)
     for s in list(_live):
-        env, s.env, s.reader = s.env, None, None
+        env, s.env, s.reader, s.cursor, s.pass_ops = s.env, None, None, None, None
         if env is not None:
             _forget_inherited(env)
 
@@ -181,8 +170,11 @@ class Store:
             raise StoreError(f"there is no incr store at {self.path}")
         self.pending: dict[bytes, bytes] = {}
         self.pending_nodes: dict[bytes, bytes] = {}
-        self.hits: dict[bytes, int] = {}
+        self.hit_tags = bytearray()      # usage tags of the entries taken, once per hit
+        self.seq = 0                      # log entries this run has written
         self.reader = None               # a read transaction kept for one pass (end_pass)
+        self.cursor = None               # a cursor of that transaction on ``entries``
+        self.pass_ops = None             # its bound methods (see pass_cursor)
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
         self._open()
 
@@ -229,6 +221,7 @@ class Store:
             self.entries = self.env.open_db(b"entries")
             self.used = self.env.open_db(b"used")
             self.nodes = self.env.open_db(b"nodes")
+            self.log = self.env.open_db(b"log")
             with _begin(self.env, write=True) as txn:
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt is None:
@@ -259,9 +252,12 @@ class Store:
         if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
             self.pending.clear()
             self.pending_nodes.clear()
-            self.hits.clear()
+            self.hit_tags = bytearray()
+            self.seq = 0
             self.damaged.clear()
             self.reader = None
+            self.cursor = None
+            self.pass_ops = None
             if self.env is not None:
                 _forget_inherited(self.env)
             self._open()
@@ -283,40 +279,24 @@ class Store:
 
     # -- reading --------------------------------------------------------------------------
 
-    def candidates(self, ikey: bytes) -> list[tuple[bytes, dict]]:
-        """The sound records stored for the instance key ``ikey``, most recent run first.
+    def pass_cursor(self) -> tuple:
+        """The methods set_range, key, value and next of a cursor on ``entries`` in the pass's
+        read transaction (begun if none is open; see ``end_pass``), also kept as ``pass_ops``
+        until the pass ends. The runtime walks it to find an instance's entries; values are
+        bytes (``buffers=False``)."""
+        if self.reader is None:
+            self.reader = self._begin(db=self.entries, buffers=False)   # (adopts a grown map)
+            self.cursor = self.reader.cursor()
+            c = self.cursor
+            self.pass_ops = (c.set_range, c.key, c.value, c.next)
+        return self.pass_ops
 
-        Uses one read transaction for the whole pass (see ``end_pass``)."""
-        env = self.env if self.reader is not None else self._env()
-        out = []
-        damaged = []
-        for _ in range(3):
-            try:
-                if self.reader is None:
-                    self.reader = self._begin(db=self.entries, buffers=False)
-                cur = self.reader.cursor()
-                if cur.set_range(ikey):
-                    for k, v in cur:
-                        if not k.startswith(ikey):
-                            break
-                        try:
-                            out.append((k, unpack_record(v)))
-                        except ValueError as e:
-                            damaged.append((k, str(e)))
-                break
-            except lmdb.MapResizedError:
-                self.end_pass()
-                env.set_mapsize(0)
-                out.clear()
-                damaged.clear()
-        for k, why in damaged:
-            self.damaged.add(k)
-            warnings.warn(
-                f"incr store {self.path}: damaged record {k.hex()[:16]}… ignored ({why}); "
-                f"the value will be recomputed", DamagedRecordWarning, stacklevel=4)
-        if len(out) > 1:
-            out.sort(key=lambda kv: -kv[1]["run"])
-        return out
+    def damaged_record(self, key: bytes, why: str) -> None:
+        """The record at ``key`` is damaged: warn, and replace it at the next commit."""
+        self.damaged.add(key)
+        warnings.warn(
+            f"incr store {self.path}: damaged record {key.hex()[:16]}… ignored ({why}); "
+            f"the value will be recomputed", DamagedRecordWarning, stacklevel=5)
 
     def node(self, ikey: bytes) -> bytes | None:
         """The stored state record of the LLM node instance ``ikey`` (a pending one first)."""
@@ -337,13 +317,16 @@ class Store:
             except lmdb.Error:
                 pass
             self.reader = None
+            self.cursor = None
+            self.pass_ops = None
 
     def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
         """Every entry: (key, record or None if damaged, size in bytes)."""
+        from incr._core import read_record
         with self._begin(db=self.entries, buffers=False) as txn:
             for k, v in txn.cursor():
                 try:
-                    rec = unpack_record(v)
+                    rec = read_record(v).as_dict()
                 except ValueError:
                     rec = None
                 yield k, rec, len(v)
@@ -354,12 +337,52 @@ class Store:
             yield from txn.cursor()
 
     def usage(self) -> dict[bytes, tuple[int, int]]:
-        """Entry key -> (hits, last run that wrote or hit it)."""
+        """Entry key -> (hits, last run that wrote or hit it): ``used`` plus the log."""
+        by_tag: dict[bytes, tuple[int, int]] = {}
         out = {}
-        with self._begin(db=self.used, buffers=False) as txn:
-            for k, v in txn.cursor():
-                out[k] = _usage(v)
+        with self._begin(buffers=False) as txn:
+            for k, v in txn.cursor(db=self.used):
+                by_tag[k] = _usage(v)
+            for run, hit, tags in _log_entries(txn, self.log):
+                for t in tags:
+                    h, last = by_tag.get(t, (0, 0))
+                    by_tag[t] = (h + hit, max(last, run))
+            for k in txn.cursor(db=self.entries).iternext(keys=True, values=False):
+                u = by_tag.get(usage_tag(k))
+                if u is not None:
+                    out[k] = u
         return out
+
+    def fold(self) -> None:
+        """Fold the log into ``used`` (one write transaction)."""
+        with self._begin(write=True) as txn:
+            self._fold(txn)
+
+    def _log_is_full(self, txn: lmdb.Transaction) -> bool:
+        """Fold when the log has FOLD_AT entries, or takes a quarter of the entries' pages."""
+        log = txn.stat(self.log)
+        if log["entries"] >= FOLD_AT:
+            return True
+        entries = txn.stat(self.entries)
+        pages = lambda st: st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+        return 4 * pages(log) > pages(entries) + FOLD_SLACK_PAGES
+
+    def _fold(self, txn: lmdb.Transaction) -> None:
+        hits: Counter[bytes] = Counter()
+        last: dict[bytes, int] = {}
+        for run, hit, tags in _log_entries(txn, self.log):   # in run order (the key's order)
+            last.update(dict.fromkeys(tags, run))
+            if hit:
+                hits.update(tags)
+        cur = txn.cursor(db=self.used)
+        old = dict(cur.iternext())   # one forward walk (a fold usually touches most tags)
+        pack, unpack, size, out = USAGE.pack, USAGE.unpack, USAGE.size, []
+        for t in sorted(last):
+            v = old.get(t)
+            h, run = unpack(v) if v is not None and len(v) == size else (0, 0)
+            out.append((t, pack(h + hits[t], max(run, last[t]))))
+        cur.putmulti(out)
+        txn.drop(self.log, delete=False)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -367,18 +390,24 @@ class Store:
         self.pending[key] = record
 
     def hit(self, key: bytes) -> None:
-        self.hits[key] = self.hits.get(key, 0) + 1
+        """Count one hit of the entry ``key`` (the runtime appends to ``hit_tags`` itself)."""
+        self.hit_tags += usage_tag(key)
 
     def commit(self) -> None:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
         earlier commits intact) if the disk is full or the store refuses the write."""
         self.end_pass()
-        if not self.pending and not self.hits and not self.damaged and not self.pending_nodes:
+        if not self.pending and not self.hit_tags and not self.damaged and not self.pending_nodes:
             return
         env = self._env()
-        pending, hits, damaged = self.pending, self.hits, self.damaged
+        pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
         nodes = self.pending_nodes
-        self.pending, self.hits, self.damaged, self.pending_nodes = {}, {}, set(), {}
+        self.pending, self.hit_tags, self.damaged, self.pending_nodes = {}, bytearray(), set(), {}
+        logs = []
+        if pending:
+            logs.append(b"\x00" + b"".join([usage_tag(k) for k in pending]))
+        if hit_tags:
+            logs.append(b"\x01" + hit_tags)
         for _attempt in range(8):
             try:
                 with env.begin(write=True) as txn:
@@ -393,15 +422,14 @@ class Store:
                         txn.put(k, pending[k], db=self.entries, overwrite=False)
                     for k in sorted(nodes):   # node states: the latest writer wins
                         txn.put(k, nodes[k], db=self.nodes)
-                    touched = set(pending)
-                    touched.update(hits)
-                    # in key order: one cursor walks the B-tree forward instead of seeking
-                    # from the root for every key
-                    cur = txn.cursor(db=self.used)
-                    run = self.run
-                    for k in sorted(touched):
-                        old = cur.get(k)
-                        cur.put(k, USAGE.pack(_usage(old)[0] + hits.get(k, 0), run))
+                    # usage: one log entry per kind, not one update per entry (see _fold)
+                    seq = self.seq
+                    for v in logs:
+                        txn.put(LOG_KEY.pack(self.run, seq), v, db=self.log)
+                        seq += 1
+                    if self._log_is_full(txn):
+                        self._fold(txn)
+                self.seq = seq
                 return
             except lmdb.MapFullError:
                 # grow from a quiescent point: our transaction is aborted, none is open
@@ -430,8 +458,27 @@ class Store:
         with self._begin(write=True) as txn:
             for k in keys:
                 n += bool(txn.delete(k, db=self.entries))
-                txn.delete(k, db=self.used)
+                txn.delete(usage_tag(k), db=self.used)   # (fold first: see collect)
         return n
+
+
+def usage_tag(key: bytes) -> bytes:
+    """The 8 bytes that stand for an entry key in usage: 4 of the instance key, 4 of the
+    trace hash (both past the algorithm byte). incr._core makes the same tag for each hit."""
+    return key[1:5] + key[-4:]
+
+
+def _log_entries(txn: lmdb.Transaction, db: Any) -> Iterator[tuple[int, int, list[bytes]]]:
+    """(run, 1 for hits or 0 for writes, usage tags) of every sound log entry; a damaged one is
+    skipped (usage is advisory: it never decides a value)."""
+    for k, v in txn.cursor(db=db):
+        if len(k) != LOG_KEY.size or len(v) < 1:
+            continue
+        run, _seq = LOG_KEY.unpack(k)
+        kind, body = v[0], v[1:]
+        if kind > 1 or len(body) % 8:
+            continue
+        yield run, kind, [body[i:i + 8] for i in range(0, len(body), 8)]
 
 
 # --- what the command line needs: summaries, the trace, garbage collection -------------------
@@ -510,22 +557,16 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
             by_instance.setdefault(k[:_ikey_len(k)], []).append(k)
         keep: set[bytes] = set()
         stack = list(roots)
-        from incr.keys import digest, encode
         while stack:
             k = stack.pop()
             if k in keep:
                 continue
             keep.add(k)
             rec = recs[k][0]
-            algo = "blake2b" if k[:1] == b"b" else "xxh3_128"
             for kind, ref, h in rec["deps"]:
                 if kind != "c":
                     continue
-                try:
-                    ik = digest("cell", encode([ref[0], ref[1]]), algo)
-                except Exception:
-                    continue
-                for k2 in by_instance.get(ik, ()):
+                for k2 in by_instance.get(ref[2], ()):
                     r2 = recs[k2][0]
                     if r2 is not None and r2["vh"] == h and k2 not in keep:
                         stack.append(k2)
@@ -541,6 +582,7 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
             total -= recs[k][1]
     freed = sum(recs[k][1] for k in drop)
     if not dry_run and drop:
+        store.fold()   # so that no log entry names a dropped key
         store.delete(sorted(drop))
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
             "bytes_freed": freed, "latest_run": latest}

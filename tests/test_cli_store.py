@@ -174,3 +174,46 @@ def test_runtime_max_bytes_bounds_the_store_at_close(tmp_path):
             k = int(label[len("blob("):-1])
             assert blob(k) == bytes(500) + bytes([k % 256])
     rt.close()
+
+
+def test_hit_counts_are_kept_through_the_usage_log_and_its_folding(tmp_path, monkeypatch):
+    # hits are written as one log entry per commit and folded into per-entry usage later:
+    # inspect reports the same counts before and after a fold, and gc still sees the last run
+    from incr import store as store_mod
+    from incr.store import Store, instances
+
+    path = str(tmp_path / "s")
+
+    def one_run(strict):
+        rt = incr.Runtime(store=path)
+        x = rt.input("x", 1)
+        _double, total = define(x, strict=strict)
+        with rt:
+            assert total() == 6
+        rt.close()
+
+    def rows():
+        s = Store(path, count_run=False, create=False)
+        try:
+            return {r["label"]: (r["hits"], r["last_run"]) for r in instances(s)}
+        finally:
+            s.close()
+
+    one_run(False)                     # run 1 writes the three entries
+    for _ in range(3):
+        one_run(True)                  # runs 2-4 take them from the store
+    want = {"total()": (3, 4), "double(1)": (3, 4), "double(2)": (3, 4)}
+    assert rows() == want
+    s = Store(path, count_run=False, create=False)
+    try:
+        s.fold()
+        with s._begin() as txn:
+            assert txn.stat(s.log)["entries"] == 0
+    finally:
+        s.close()
+    assert rows() == want
+    monkeypatch.setattr(store_mod, "FOLD_AT", 1)   # every commit folds
+    one_run(True)
+    assert rows() == {k: (4, 5) for k in want}
+    code, out, _ = run_cli("gc", path, "--json")
+    assert code == 0 and json.loads(out)["dropped"] == 0

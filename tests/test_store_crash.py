@@ -23,7 +23,7 @@ import lmdb.verify
 import pytest
 
 from incr.keys import decode
-from incr.store import Store, unpack_record
+from incr.store import FORMAT, Store, unpack_record
 from store_progs.crash_model import PARTS, part_value, work_value
 
 PROGS = os.path.join(os.path.dirname(__file__), "store_progs")
@@ -50,7 +50,7 @@ def _check_store(store):
         meta = env.open_db(b"meta", create=False)
         with env.begin() as txn:
             n_entries = txn.stat(entries)["entries"]
-            assert txn.get(b"format", db=meta) == b"1"
+            assert txn.get(b"format", db=meta) == str(FORMAT).encode()
             raw = list(txn.cursor(db=entries))
         for _k, v in raw:
             unpack_record(v)   # raises ValueError on a damaged record

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import incr
 from incr import keys
+from incr._core import decode_simple, utf8_valid
 from incr.store import (FORMAT, HEADER, KIND_CELL, MAGIC, DamagedRecordWarning, pack_record,
                         unpack_record)
 
@@ -282,8 +283,10 @@ def _valid_record():
     ident = "mod.f@c:0123456789abcdef"
     args = keys.encode((1, "a", (2.5, None)))
     val = keys.encode({"k": [1, (2,), frozenset({3})], "b": b"\x00"})
+    g_args = keys.encode((3,))
     deps = [["i", "x", keys.digest("value", keys.encode(1))],
-            ["c", ["mod.g@v:1", keys.encode((3,))], keys.digest("value", keys.encode("v"))]]
+            ["c", ["mod.g@v:1", g_args, keys.instance_key("mod.g@v:1", g_args, "xxh3_128")],
+             keys.digest("value", keys.encode("v"))]]
     return pack_record({"cell": ident, "label": "f(1, 'a', (2.5, None))", "args": args,
                         "val": val, "vh": keys.digest("value", val), "deps": deps, "run": 7})
 
@@ -296,6 +299,13 @@ def _check_schema(rec):
     for k, t in {"cell": str, "label": str, "args": bytes, "val": bytes, "vh": bytes,
                  "deps": list, "run": int}.items():
         assert type(rec[k]) is t
+    assert 0 <= rec["run"] < 2**63
+    for d in rec["deps"]:
+        assert type(d) is list and len(d) == 3 and type(d[2]) is bytes
+        if d[0] == "i":
+            assert type(d[1]) is str
+        else:
+            assert d[0] == "c" and [type(x) for x in d[1]] == [str, bytes, bytes]
 
 
 def _unpack_ok_or_valueerror(data):
@@ -354,34 +364,110 @@ def test_unpack_record_mutations_of_a_valid_record(edits, how):
         assert rec is None
 
 
-msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=8)
-    | st.binary(max_size=8),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=4) | st.binary(max_size=4) | st.integers(0, 9), inner,
-                      max_size=4)
-    | st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=8)),
-    max_leaves=12)
+def _blob(data):
+    return len(data).to_bytes(4, "big") + data
 
-schemaish = st.fixed_dictionaries(
-    {}, optional={"cell": msgpack_values | st.text(max_size=5),
-                  "label": msgpack_values | st.text(max_size=5),
-                  "args": msgpack_values | st.binary(max_size=5),
-                  "val": msgpack_values | st.binary(max_size=5),
-                  "vh": msgpack_values | st.binary(max_size=5),
-                  "run": msgpack_values | st.integers(),
-                  "deps": st.lists(st.lists(msgpack_values | st.sampled_from(["i", "c"]),
-                                            max_size=4), max_size=3)})
+
+# Payloads built field by field from the pieces of the layout (store.py), with lengths, counts
+# and indexes that are right, slightly wrong or wild: the reader must refuse every one it does
+# not return as a sound record.
+_u32 = (st.integers(0, 8) | st.integers(0, 2**32 - 1)).map(lambda n: n.to_bytes(4, "big"))
+_piece = st.one_of(
+    st.binary(max_size=6).map(_blob),
+    st.text(max_size=4).map(lambda t: _blob(t.encode("utf-8", "surrogatepass"))),
+    _u32,
+    st.sampled_from([b"i", b"c", b"x", b"\x00"]),
+    st.integers(0, 2**64 - 1).map(lambda n: n.to_bytes(8, "big")),
+    st.binary(max_size=3))
 
 
 @FUZZ
-@given(msgpack_values | schemaish)
-def test_unpack_record_arbitrary_payloads(payload):
+@given(st.lists(_piece, max_size=16))
+def test_unpack_record_structured_payloads(parts):
+    body = b"".join(parts)
+    _unpack_ok_or_valueerror(HEADER.pack(MAGIC, FORMAT, KIND_CELL, len(body),
+                                         keys.checksum(body)) + body)
+
+
+@FUZZ
+@given(st.lists(_piece, max_size=12), st.integers(0, 3), st.integers(0, 3))
+def test_unpack_record_sound_prefix_then_anything(parts, nstr, ndeps):
+    # a run and a string table that are right, then pieces: deeper into the layout
+    strs = [f"s{i}".encode() for i in range(nstr)]
+    body = (7).to_bytes(8, "big") + nstr.to_bytes(4, "big") + b"".join(map(_blob, strs))
+    body += b"".join(parts)
+    _unpack_ok_or_valueerror(HEADER.pack(MAGIC, FORMAT, KIND_CELL, len(body),
+                                         keys.checksum(body)) + body)
+
+
+def _decodes(data):
     try:
-        data = pack_record(payload)
-    except (TypeError, ValueError, OverflowError):
-        return   # msgpack cannot pack it: not a record at all
-    _unpack_ok_or_valueerror(data)
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@FUZZ
+@given(st.binary(max_size=12) | st.text(max_size=6).map(
+    lambda t: t.encode("utf-8", "surrogatepass")))
+def test_record_strings_are_checked_as_python_decodes_utf8(data):
+    # the reader checks strings without decoding them; it must accept exactly what Python's
+    # strict decoder accepts (overlong forms, surrogates, > U+10FFFF, truncations refused)
+    assert utf8_valid(data) == _decodes(data)
+
+
+@pytest.mark.parametrize("data", [b"\xc0\x80", b"\xe0\x80\x80", b"\xed\xa0\x80",
+                                  b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xe2\x82",
+                                  b"\x80", b"a\xff", "é€𝄞".encode(), b"\x00"])
+def test_record_strings_edge_cases(data):
+    assert utf8_valid(data) == _decodes(data)
+
+
+@FUZZ
+@given(st.binary(min_size=9, max_size=50))
+def test_usage_tag_of_a_hit_is_the_store_s(key):
+    from incr._core import add_usage_tag
+    from incr.store import usage_tag
+    tags = bytearray(b"ab")
+    add_usage_tag(tags, key)
+    assert bytes(tags) == b"ab" + usage_tag(key)
+
+
+@FUZZ
+@given(st.text(max_size=12), st.binary(max_size=20), st.sampled_from(["xxh3_128", "blake2b"]))
+def test_runtime_instance_key_is_keys_instance_key(ident, args, algorithm):
+    from incr import _core
+    want = keys.instance_key(ident, args, algorithm)
+    assert _core.instance_key(ident, args, algorithm) == want   # (the prefix is cached now)
+    assert _core.instance_key(ident, args, algorithm) == want
+
+
+@FUZZ
+@given(st.binary(max_size=200) | st.integers(0, 5000).map(lambda n: bytes(range(256)) * (n // 256)
+                                                        + bytes(n % 256)))
+def test_record_checksum_is_keys_checksum(payload):
+    # the reader's own XXH64 against the xxhash package's, at every length class (< 4, < 8,
+    # < 32, >= 32 bytes and long runs)
+    from incr._core import record_checksum
+    assert record_checksum(payload) == keys.checksum(payload)
+
+
+_text = st.text(max_size=6)
+_bin = st.binary(max_size=8)
+records = st.fixed_dictionaries({
+    "cell": _text, "label": _text, "args": _bin, "val": _bin, "vh": _bin,
+    "run": st.integers(0, 2**63 - 1),
+    "deps": st.lists(st.one_of(
+        st.tuples(st.just("i"), _text, _bin).map(list),
+        st.tuples(st.just("c"), st.tuples(_text, _bin, _bin).map(list), _bin).map(list)),
+        max_size=4)})
+
+
+@FUZZ
+@given(records)
+def test_records_round_trip(rec):
+    assert unpack_record(pack_record(rec)) == rec
 
 
 # keys.decode
@@ -407,6 +493,54 @@ encodable = st.recursive(
     | st.frozensets(st.none() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=4)
                     | st.tuples(st.integers(-9, 9), st.text(max_size=3)), max_size=4),
     max_leaves=16)
+
+
+def _agree_with_decode(data):
+    took, v = decode_simple(data)
+    if took:   # the engine's fast reader took it: keys.decode must give the very same value
+        assert keys.encode(keys.decode(data)) == keys.encode(v)
+        assert type(keys.decode(data)) is type(v)
+    return took
+
+
+@FUZZ
+@given(st.binary(max_size=40))
+def test_fast_decoder_agrees_on_random_bytes(data):
+    _agree_with_decode(data)
+
+
+_flat = st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() \
+    | st.text(max_size=8) | st.binary(max_size=8)
+
+
+@FUZZ
+@given(_flat | st.lists(_flat, max_size=20).map(tuple) | encodable)
+def test_fast_decoder_agrees_on_encodings(value):
+    data = keys.encode(value)
+    took = _agree_with_decode(data)
+    if type(value) is tuple and all(type(x) in (type(None), bool, int, float, str, bytes)
+                                    for x in value):
+        assert took, "a flat tuple is the fast reader's case"
+
+
+@FUZZ
+@given(st.lists(_flat, max_size=6).map(tuple),
+       st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=3),
+       st.sampled_from(["flip", "truncate", "insert"]))
+def test_fast_decoder_agrees_on_mutations(value, edits, how):
+    b = bytearray(keys.encode(value))
+    for pos, x in edits:
+        pos %= len(b)
+        if how == "flip":
+            b[pos] ^= x
+        elif how == "insert":
+            b.insert(pos, x)
+        else:
+            del b[pos:]
+            if not b:
+                break
+    if b:
+        _agree_with_decode(bytes(b))
 
 
 @FUZZ
