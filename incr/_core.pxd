@@ -192,7 +192,7 @@ cdef class Runtime:
     cdef void set_input(self, Input i, object value) except *
     cdef void invalidate(self, Instance n) except *
     cdef bint absorb_reject(self, BaseException e) except -1
-    cdef list refs(self, object nodes)
+    cdef list refs(self, object nodes, list stored=*)
     cdef void check_usable(self) except *
     cdef int attempt(self, Instance m, list stack, list idx) except -1
     cdef int probe_step(self, Instance m, list stack, list idx) except -1

@@ -1428,28 +1428,17 @@ cdef class Runtime:
                                f"in memory only ({e})")
             return
         n.vhash = _keys.digest("value", val, self.hash)
-        deps = []     # what the trace hash is taken of
-        stored = []   # the same, with instance keys, as the record holds them
-        for d in n.deps:
-            h = self.value_hash(d)
-            if not h:
-                return  # it read something that cannot be hashed: nothing to verify it by
-            if isinstance(d, Input):
-                deps.append(["i", (<Input>d).name, h])
-                stored.append(("i", (<Input>d).name, h))
-            else:
-                dp = (<Instance>d).persist
-                if dp is None:
-                    dp = self.persist_of(<Instance>d)
-                if not dp.ok:
-                    return
-                deps.append(["c", [dp.ident, dp.args], h])
-                stored.append(("c", dp.ident, dp.args, dp.ikey, h))
+        cdef list stored = []   # the references, with instance keys, as the record holds them
+        cdef list deps = self.refs(n.deps, stored)   # what the trace hash is taken of
+        if deps is None:
+            return  # it read something that cannot be named or hashed: nothing to verify it by
         trace = _keys.digest("trace", _msgpack.packb(deps, use_bin_type=True), self.hash)
         self.store.put(p.ikey + trace, _pack_record(p.ident, n.label(), p.args, val, n.vhash,
                                                     stored, self.store.run))
 
-    cdef list refs(self, object nodes):
+    cdef list refs(self, object nodes, list stored=None):
+        # [kind, ref, value hash] naming each node (and, into ``stored``, the same with
+        # instance keys, as a record holds them), or None if one cannot be named or hashed
         cdef Node d
         cdef Persist dp
         out = []
@@ -1461,6 +1450,8 @@ cdef class Runtime:
                 return None
             if isinstance(d, Input):
                 out.append(["i", (<Input>d).name, h])
+                if stored is not None:
+                    stored.append(("i", (<Input>d).name, h))
             else:
                 dp = (<Instance>d).persist
                 if dp is None:
@@ -1468,6 +1459,8 @@ cdef class Runtime:
                 if not dp.ok:
                     return None
                 out.append(["c", [dp.ident, dp.args], h])
+                if stored is not None:
+                    stored.append(("c", dp.ident, dp.args, dp.ikey, h))
         return out
 
     cdef void flush(self, bint quiet) except *:
