@@ -478,6 +478,10 @@ def register_cell(cell: Any) -> None:
 
 
 def _shallow(cell: Any) -> bytes:
+    if getattr(cell, "is_llm", False):
+        # an LLM node's function is the generic loop: its identity (generator, version,
+        # validators and their versions) is set when it is made
+        return b"l" + cell._incr_ident.encode()
     if cell.version is not None:
         return b"v" + repr(cell.version).encode()
     return b"c" + code_fingerprint(cell.fn)

@@ -138,3 +138,26 @@ def test_inspect_lists_llm_node_statuses_and_verdicts(tmp_path):
     text = subprocess.run([sys.executable, "-m", "incr.cli", "inspect", str(store)],
                           capture_output=True, text=True, check=True).stdout
     assert "write_sql('q')  invalid, revision 2, ACK 1 NACK 1" in text
+
+
+def test_a_cell_closing_over_an_llm_node_changes_identity_with_its_validators():
+    import incr
+    from incr import keys
+
+    def make(version):
+        @incr.validator(version=version)
+        def check(candidate, x):
+            return incr.ACK("a")
+
+        @incr.llm(validators=[check], version="p")
+        def node(x, *, previous=None, feedback=()):
+            return "x"
+
+        @incr.cell
+        def reader(x):
+            return node(x)
+
+        return keys.closure_fingerprint(reader.fn)[0]
+
+    assert make("1") == make("1")
+    assert make("1") != make("2")
