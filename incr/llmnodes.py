@@ -209,7 +209,8 @@ class _Node:
     dependency_revisions: dict = attrs.Factory(dict)
     refs: list | None = None                # snapshot as store references (after a restore)
     prefetched: dict = attrs.Factory(dict)  # call key -> (outcome, reads) run ahead (stabilize)
-    pending: bool = False                   # a generator call was set aside mid-loop
+    pending: Any = False                    # what a stabilize pass set aside mid-loop:
+                                            # "generate", "judge" or "revalidate"
     withdrawn: set = attrs.Factory(set)     # fingerprints of candidates NACKed from outside
 
 
@@ -373,11 +374,21 @@ class _Loop:
                         return self._loop_on()
                     # the current candidate is this context's first: it must not come back
                     st.fingerprints[_fingerprint(st.candidate)] = st.revision
-                    self._validate()
-            elif st.pending:
+                    self._validate(resume="revalidate")
+            elif st.pending == "generate":
                 # the last pass set a generator call aside: it goes on where it stopped
                 st.pending = False
                 return self._loop_on()
+            elif st.pending == "judge":
+                # the last pass set the validation of a new candidate aside
+                st.pending = False
+                if self._judge():
+                    return self._stable()
+                return self._loop_on()
+            elif st.pending == "revalidate":
+                # the last pass set the re-validation of the current candidate aside
+                st.pending = False
+                self._validate()
             elif st.failed is not None and st.events == st.failed_events:
                 # nothing changed since it gave up: the same answer, no model call
                 f = st.failed
@@ -424,15 +435,23 @@ class _Loop:
             st.candidate, st.has_candidate = cand, True
             st.attempts[-1].revision = st.revision
             st.attempts[-1].fingerprint = fp[:18]
-            new = self._validate()
-            stop = self._decide()
-            if stop is None:
+            if self._judge():
                 return self._stable()
-            if stop != "retry":
-                self._fail(stop)
-            st.stale_streak = 0 if new else st.stale_streak + 1
-            if st.stale_streak >= 2:
-                self._fail("no_progress")
+
+    def _judge(self) -> bool:
+        """Validate the new candidate and decide: True if accepted; raises NotAccepted on a
+        stop condition; False to generate again."""
+        st = self.st
+        new = self._validate()
+        stop = self._decide()
+        if stop is None:
+            return True
+        if stop != "retry":
+            self._fail(stop)
+        st.stale_streak = 0 if new else st.stale_streak + 1
+        if st.stale_streak >= 2:
+            self._fail("no_progress")
+        return False
 
     def _keep(self, save: bool) -> None:
         st = self.st
@@ -567,12 +586,14 @@ class _Loop:
                         raise outcome
                     return outcome
                 return replay
+        call = lambda: node.gen(*self.args, previous=previous, feedback=feedback,  # noqa: E731
+                                **self.kwargs)
         pf = rt.prefetch
         if pf is not None and pf.collecting:
-            pf.add(self.inst, st, node, self.args, self.kwargs, previous, feedback, key)
-            st.pending = True
+            pf.add(st, key, call)
+            st.pending = "generate"
             raise _Deferred(st.label)
-        return lambda: node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
+        return call
 
     def _feedback(self) -> tuple:
         """NACKs against the current candidate first, then earlier counterexamples."""
@@ -613,13 +634,18 @@ class _Loop:
         st.evidence.add(item)
         return True
 
-    def _validate(self) -> bool:
-        """Run every validator and recheck on the current candidate; True if new evidence."""
+    def _validate(self, resume: str = "judge") -> bool:
+        """Run every validator and recheck on the current candidate; True if new evidence.
+
+        Inside a stabilize that gathers calls, validators (but those with a timeout) of the
+        candidate are set aside to run together with other nodes' calls, and the loop resumes
+        at ``resume`` in the next pass."""
         node, st = self.node, self.st
+        self._ahead_validators(resume)
         new = False
         for val in node.validators:
             self.book.validations += 1
-            for v in self._run_validator(val):
+            for v in self._verdicts_of(val):
                 new |= self._record(val.id, val.version, v)
         if node.recheck is not None:
             rid = f"{node.name}.recheck"
@@ -637,6 +663,42 @@ class _Loop:
                     v = UNKNOWN(r.case, f"recheck returned {v!r}, not a verdict")
                 new |= self._record(rid, "1", v, regress=False)  # a case already kept
         return new
+
+    def _vkey(self, val: Validator) -> tuple:
+        return ("validator", val.id, val.version, _fingerprint(self.st.candidate))
+
+    def _ahead_validators(self, resume: str) -> None:
+        st, rt = self.st, self.rt
+        pf = rt.prefetch
+        if pf is None or not pf.collecting:
+            return
+        todo = [v for v in self.node.validators
+                if v.timeout is None and self._vkey(v) not in st.prefetched]
+        if not todo:
+            return
+        cand = st.candidate
+        for val in todo:
+            pf.add(st, self._vkey(val), functools.partial(self._collect, val, cand))
+        st.pending = resume
+        raise _Deferred(st.label)
+
+    def _verdicts_of(self, val: Validator) -> list:
+        """The validator's verdicts on the current candidate: from a run ahead (its reads
+        replayed, so they are this run's dependencies), or by running it now."""
+        st, rt = self.st, self.rt
+        ahead = st.prefetched.pop(self._vkey(val), None)
+        if ahead is not None:
+            outcome, reads, _seconds = ahead
+            fresh = True
+            for d, at in reads:
+                rt._read(d)
+                if d._changed_at != at:
+                    fresh = False
+            if fresh:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return outcome
+        return self._run_validator(val)
 
     def _own(self, e: Reject) -> bool:
         return e.node is self.node and tuple(e.node_args) == tuple(self.args)

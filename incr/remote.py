@@ -129,9 +129,9 @@ class Ahead:
 
     def __init__(self, rt):
         self.rt = rt
-        self.collecting = True      # LLM generator calls are set aside (incr.llmnodes)
+        self.collecting = True      # LLM generator and validator calls are set aside
         self.reading = False        # worker threads are running generators now
-        self.pending: list = []     # generator calls set aside
+        self.pending: list = []     # (node state, key, call) set aside by incr.llmnodes
         self._local = threading.local()
         # executor runs: instance -> state
         self.tasks: dict = {}       # instance -> (given, keymap) waiting to be sent
@@ -143,8 +143,9 @@ class Ahead:
 
     # -- generator calls (incr.llmnodes) ------------------------------------------------------
 
-    def add(self, inst, st, node, args, kwargs, previous, feedback, key) -> None:
-        self.pending.append((st, node, args, kwargs, previous, feedback, key))
+    def add(self, st, key, call) -> None:
+        """Set ``call`` (no arguments) aside; its outcome goes to ``st.prefetched[key]``."""
+        self.pending.append((st, key, call))
 
     def read(self, n) -> None:
         log = getattr(self._local, "log", None)
@@ -296,11 +297,11 @@ class Ahead:
         workers = self.rt.max_workers or 4
 
         def call(item):
-            st, node, args, kwargs, previous, feedback, key = item
+            st, key, fn = item
             self._local.log = []
             t0 = time.monotonic()
             try:
-                out = node.gen(*args, previous=previous, feedback=feedback, **kwargs)
+                out = fn()
             except _Deferred:
                 return item, None             # it read something stale: serial pass
             except BaseException as e:        # kept, raised by the serial pass as if called there
@@ -318,7 +319,7 @@ class Ahead:
                 results = [f.result() for f in futures]
         finally:
             self.reading = False
-        for (st, _node, _a, _k, _p, _f, key), ahead in results:
+        for (st, key, _fn), ahead in results:
             if ahead is not None:
                 st.prefetched[key] = ahead
         if any(ahead is None for _item, ahead in results):

@@ -143,3 +143,34 @@ def test_generator_errors_surface_from_stabilize_as_in_a_serial_run():
             rt.stabilize()
         assert obs[0].value == 1
     rt._check()
+
+
+def test_validators_of_independent_nodes_run_concurrently():
+    rt = incr.Runtime(max_workers=2)
+    topic = rt.input("topic", "t0")
+    barrier = threading.Barrier(1, timeout=10)
+    seen = []
+
+    @incr.validator(version="1")
+    def mentions(candidate, i):
+        t = topic.get()                       # read in a worker thread: replayed, recorded
+        seen.append(threading.current_thread().name)
+        barrier.wait()                        # passes only if both validations overlap
+        return incr.ACK("topic") if t in candidate else incr.NACK("topic", counterexample=t)
+
+    @incr.llm(version="1", validators=[mentions])
+    def summary(i, *, previous=None, feedback=()):
+        return f"{topic.get()}-{i}"
+
+    with rt:
+        obs = [rt.observe(summary, i) for i in range(2)]
+        barrier._parties = 2
+        barrier.reset()
+        seen.clear()
+        topic.set("t1")
+        rt.stabilize()
+        assert [o.value for o in obs] == ["t1-0", "t1-1"]
+    assert len(seen) >= 2 and all(n.startswith("incr-generate") for n in seen[-2:])
+    st = rt.state(summary, 0)
+    assert st.status == "stable" and "input 'topic'" in st.dependency_revisions
+    rt._check()
