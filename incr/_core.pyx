@@ -1143,11 +1143,11 @@ cdef class Runtime:
                             # d failed last time, or changed: m must run
                             must_run = True
                             m.why = d
-                            if len(self.frames) < DEEP and self.prefetch is None:
+                            if len(self.frames) < DEEP and self.executor is None:
                                 break
-                            # (with runs set aside for concurrency, every stale dependency is
-                            # brought up to date first, so that independent ones are found
-                            # in the same pass)
+                            # (with an executor, every stale dependency is brought up to date
+                            # here first, so that independent ones are shipped together; a
+                            # run that starts now would compute them nested, in the driver)
                             # Deep inside nested runs: bring m's other dirty dependencies up
                             # to date here, on this explicit stack, before m runs and reads
                             # them, so that depth of the graph never becomes depth of the

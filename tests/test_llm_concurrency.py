@@ -174,3 +174,35 @@ def test_validators_of_independent_nodes_run_concurrently():
     st = rt.state(summary, 0)
     assert st.status == "stable" and "input 'topic'" in st.dependency_revisions
     rt._check()
+
+
+def test_a_branch_no_longer_taken_spends_no_model_call_in_stabilize():
+    rt = incr.Runtime(max_workers=4)
+    flag = rt.input("flag", True)
+    topic = rt.input("topic", "t0")
+    calls = []
+
+    @incr.llm(version="1")
+    def left(k, *, previous=None, feedback=()):
+        calls.append("left")
+        return f"L{topic.get()}"
+
+    @incr.llm(version="1")
+    def right(k, *, previous=None, feedback=()):
+        calls.append("right")
+        return f"R{topic.get()}"
+
+    @incr.cell
+    def pick(k):
+        return left(k) if flag.get() else right(k)
+
+    with rt:
+        obs = rt.observe(pick, 0)
+        calls.clear()
+        with rt.batch():
+            flag.set(False)                   # pick now takes the right branch ...
+            topic.set("t1")                   # ... and left is stale, but no longer read
+        rt.stabilize()
+        assert obs.value == "Rt1"
+    assert calls == ["right"]
+    rt._check()
