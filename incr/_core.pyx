@@ -928,13 +928,7 @@ cdef class Runtime:
         if co is None:
             return None
         c = <Cell>co
-        try:
-            args = _keys.decode(args_b)
-        except _keys.DecodeError:
-            return None
-        if type(args) is not tuple:
-            return None
-        args = _with_inputs(self, <tuple>args)
+        args = _stored_args(self, args_b)
         if args is None:
             return None
         try:
@@ -1355,13 +1349,7 @@ cdef class Runtime:
         c = <Cell>co
         args = _decode_simple(rec.data, args_at + 4, args_n)
         if args is _NOT_SIMPLE:
-            try:
-                args = _keys.decode(rec.data[args_at + 4:args_at + 4 + args_n])
-            except _keys.DecodeError:
-                return None
-            if type(args) is not tuple:
-                return None
-            args = _with_inputs(self, <tuple>args)
+            args = _stored_args(self, rec.data[args_at + 4:args_at + 4 + args_n])
             if args is None:
                 return None
         elif type(args) is not tuple:
@@ -2326,6 +2314,18 @@ def instance_key(str ident, bytes args, str algorithm):
 
 cdef dict _stored_cells = _keys.stored_cells
 cdef object _InputRef = _keys._InputRef
+
+
+cdef object _stored_args(Runtime rt, bytes data):
+    # stored argument bytes decoded by the general decoder, with this runtime's inputs in
+    # place of input references; None if they do not decode to a tuple or name an unknown input
+    try:
+        args = _keys.decode(data)
+    except _keys.DecodeError:
+        return None
+    if type(args) is not tuple:
+        return None
+    return _with_inputs(rt, <tuple>args)
 
 
 cdef object _with_inputs(Runtime rt, tuple args):

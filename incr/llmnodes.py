@@ -71,6 +71,7 @@ class UNKNOWN:
 
 
 _VERDICTS = (ACK, NACK, UNKNOWN)
+_NOTHING = object()   # no outcome (of a call run ahead)
 
 
 @attrs.frozen
@@ -571,21 +572,15 @@ class _Loop:
         st, node, rt = self.st, self.node, self.rt
         key = (_fingerprint(previous) if st.has_candidate else None,
                tuple(_cex_key(v) for v in feedback))
-        ahead = st.prefetched.pop(key, None)
-        if ahead is not None:
-            outcome, reads, seconds = ahead
-            fresh = True
-            for d, at in reads:
-                rt._read(d)
-                if d._changed_at != at:
-                    fresh = False
-            if fresh:
-                st.prefetched.clear()
-                def replay():
-                    if isinstance(outcome, BaseException):
-                        raise outcome
-                    return outcome
-                return replay
+        outcome = self._ahead(key)
+        if outcome is not _NOTHING:
+            st.prefetched.clear()
+
+            def replay():
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return outcome
+            return replay
         call = lambda: node.gen(*self.args, previous=previous, feedback=feedback,  # noqa: E731
                                 **self.kwargs)
         pf = rt.prefetch
@@ -685,20 +680,26 @@ class _Loop:
     def _verdicts_of(self, val: Validator) -> list:
         """The validator's verdicts on the current candidate: from a run ahead (its reads
         replayed, so they are this run's dependencies), or by running it now."""
-        st, rt = self.st, self.rt
-        ahead = st.prefetched.pop(self._vkey(val), None)
-        if ahead is not None:
-            outcome, reads, _seconds = ahead
-            fresh = True
-            for d, at in reads:
-                rt._read(d)
-                if d._changed_at != at:
-                    fresh = False
-            if fresh:
-                if isinstance(outcome, BaseException):
-                    raise outcome
-                return outcome
-        return self._run_validator(val)
+        outcome = self._ahead(self._vkey(val))
+        if outcome is _NOTHING:
+            return self._run_validator(val)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _ahead(self, key: tuple) -> Any:
+        """The outcome of a call that ran ahead under ``key``, its reads replayed here (so they
+        are this run's dependencies); _NOTHING if none ran, or what it read moved on since."""
+        ahead = self.st.prefetched.pop(key, None)
+        if ahead is None:
+            return _NOTHING
+        outcome, reads, _seconds = ahead
+        fresh = True
+        for d, at in reads:
+            self.rt._read(d)
+            if d._changed_at != at:
+                fresh = False
+        return outcome if fresh else _NOTHING
 
     def _own(self, e: Reject) -> bool:
         return e.node is self.node and tuple(e.node_args) == tuple(self.args)
