@@ -47,6 +47,7 @@ from incr._core import (
     Runtime,
     Stabilization,
     current,
+    untracked,
 )
 from incr.errors import (
     CycleError,
@@ -100,6 +101,7 @@ __all__ = [
     "cell",
     "current",
     "register_type",
+    "untracked",
 ]
 
 __version__ = "0.1.0"
@@ -109,8 +111,9 @@ def cell(fn=None, /, *, version=None, cutoff=EQUAL, local=False):
     """Make ``fn`` an incremental cell.
 
     Use bare (``@incr.cell``) or with options (``@incr.cell(version="2", cutoff=incr.NEVER)``).
-    ``cutoff`` decides when a recomputed value counts as unchanged: ``incr.EQUAL`` (same type
-    and ``==``, the default), ``incr.IDENTITY`` (``is``), ``incr.NEVER`` (always changed) or a
+    ``cutoff`` decides when a recomputed value counts as unchanged: ``incr.EQUAL`` (the same
+    value: same type and ``==`` all the way down, 0.0 and -0.0 apart, NaN equal to NaN, dicts
+    in the same order; the default), ``incr.IDENTITY`` (``is``), ``incr.NEVER`` (always changed) or a
     ``callable(old, new) -> bool`` that returns True for "unchanged". ``version`` names the
     cell's definition for persistent stores. ``local=True`` keeps the cell in this process when
     the runtime has an executor (``Runtime(executor=...)``).

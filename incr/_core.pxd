@@ -29,7 +29,7 @@ cdef enum NodeFlag:
 
 
 cdef class Node:
-    cdef public object value
+    cdef readonly object value       # read-only from Python (Input.set changes an input)
     cdef long long changed_at        # clock tick of the last change of `value`
     cdef long long changed_rev       # public revision of that change
     cdef long long ts                # trace timestamp (I4)
@@ -47,7 +47,9 @@ cdef class Input(Node):
 
 cdef class Instance(Node):
     cdef readonly Cell cell
-    cdef readonly tuple args         # bound positional arguments, defaults applied
+    cdef readonly tuple args         # bound positional arguments, defaults applied: the
+                                     # instance's own copy (never the caller's objects)
+    cdef bint fresh_args             # args hold mutable parts: each run gets a fresh copy
     cdef tuple deps                  # nodes read on the last run, in read order
     cdef long long verified_at       # clock tick at which it was last known up to date
     cdef long long ran_rev           # public revision of its last run
@@ -138,6 +140,7 @@ cdef class Observer:
     cdef list callbacks
     cdef long long seen_at           # changed_at of the value last passed to the callbacks
     cdef bint active
+    cdef readonly object error       # the exception of the instance's last run, or None
 
 
 cdef class Frame:
@@ -156,6 +159,10 @@ cdef class Runtime:
     cdef list frames                 # running computations, innermost last
     cdef unsigned long owner         # the thread that pushed the outermost frame
     cdef list dirty_observed         # observed instances made dirty since the last stabilize
+    cdef list unnotified             # Observers whose callbacks an interrupt kept from running
+    cdef long long quiet             # id of the frame whose reads are not recorded (untracked)
+    cdef unsigned long busy_thread   # the thread in a top-level demand or stabilize, or 0
+    cdef int busy_depth
     cdef dict failed                 # Instance -> exception, for the current pass only
     cdef int batch_depth
     cdef bint batch_bumped
@@ -194,6 +201,10 @@ cdef class Runtime:
     cdef bint absorb_reject(self, BaseException e) except -1
     cdef list refs(self, object nodes, list stored=*)
     cdef void check_usable(self) except *
+    cdef void enter(self) except *
+    cdef long long quiet_enter(self)
+    cdef object stabilize_pass(self)
+    cdef void leave(self)
     cdef int attempt(self, Instance m, list stack, list idx) except -1
     cdef int probe_step(self, Instance m, list stack, list idx) except -1
     cdef void adopt(self, Instance m, Record rec, list resolved) except *

@@ -57,6 +57,49 @@ def current():
     return _default_runtime
 
 
+class _Untracked:
+    __slots__ = ("rt", "saved")
+
+    def __enter__(self):
+        self.rt = current()
+        self.saved = (<Runtime>self.rt).quiet_enter()
+        return None
+
+    def __exit__(self, *exc):
+        (<Runtime>self.rt).quiet = self.saved
+        return False
+
+
+def untracked(fn=None, *args, **kwargs):
+    """Read without recording dependencies.
+
+    ``incr.untracked(fn, *args, **kwargs)`` calls ``fn`` and returns its result;
+    ``with incr.untracked(): ...`` does the same for a block. Inside a running cell, inputs
+    read and cells demanded there are not recorded as that cell's dependencies: a later
+    change of them does not re-run it (the cells demanded still record their own reads and
+    stay incremental). Outside a cell it changes nothing. For logging, progress, debugging:
+    a value that affects the result must be read tracked, or the result goes stale.
+
+    >>> import incr
+    >>> rt = incr.Runtime()
+    >>> x = rt.input("x", 1)
+    >>> @incr.cell
+    ... def f():
+    ...     return incr.untracked(x.get)
+    >>> with rt:
+    ...     f(), x.set(2), f()
+    (1, None, 1)
+    """
+    if fn is None:
+        if args or kwargs:
+            raise TypeError("incr.untracked(): arguments given without a function")
+        return _Untracked()
+    if not callable(fn):
+        raise TypeError(f"incr.untracked() needs a callable, got {fn!r}")
+    with _Untracked():
+        return fn(*args, **kwargs)
+
+
 class _CutoffPolicy:
     __slots__ = ("name",)
 
@@ -72,16 +115,76 @@ IDENTITY = _CutoffPolicy("IDENTITY")
 NEVER = _CutoffPolicy("NEVER")
 
 
+cdef extern from "math.h":
+    bint signbit(double x) nogil
+
+
+cdef inline bint _same_float(double a, double b):
+    if a != a:
+        return b != b                   # every NaN is the same value (as in argument keys)
+    return a == b and signbit(a) == signbit(b)   # 0.0 and -0.0 are two values
+
+
 cdef inline bint _same_value(object old, object new):
-    # EQUAL cutoff: same type and ==; a comparison that raises or is ambiguous means "changed"
+    # The one rule for Input.set, EQUAL cutoff and argument keys: the same value is the same
+    # type and ==, all the way down, with floats compared bit for bit but for NaN (0.0 and
+    # -0.0 differ, NaN equals NaN) and dicts compared in order (a reordered dict iterates
+    # differently, so it is a changed value). A comparison that raises means "changed".
+    cdef type t
     if old is new:
         return True
-    if type(old) is not type(new):
+    t = type(old)
+    if t is not type(new):
         return False
+    if t is float:
+        return _same_float(<double>old, <double>new)
+    if t is list or t is tuple or t is dict:
+        return _same_deep(old, new)
     try:
         return bool(old == new)
     except Exception:
         return False
+
+
+cdef bint _same_deep(object old, object new):
+    # _same_value for containers, walked on an explicit stack (no recursion)
+    cdef list stack = [old, new]
+    cdef object a, b
+    cdef type t
+    cdef Py_ssize_t i, n
+    while stack:
+        b = stack.pop()
+        a = stack.pop()
+        if a is b:
+            continue
+        t = type(a)
+        if t is not type(b):
+            return False
+        if t is float:
+            if not _same_float(<double>a, <double>b):
+                return False
+        elif t is list or t is tuple:
+            n = len(a)
+            if n != len(b):
+                return False
+            for i in range(n):
+                stack.append(a[i])
+                stack.append(b[i])
+        elif t is dict:
+            if len(a) != len(b):
+                return False
+            for ka, kb in zip(a, b):
+                if not _same_value(ka, kb):
+                    return False
+                stack.append((<dict>a)[ka])
+                stack.append((<dict>b)[kb])
+        else:
+            try:
+                if not a == b:
+                    return False
+            except Exception:
+                return False
+    return True
 
 
 cdef inline bint _needs_work(Node n):
@@ -150,9 +253,18 @@ cdef class Input(Node):
                     f"{(<Frame>cur.frames[-1]).node.label()}; declare it on that runtime")
         return self.value
 
+    def peek(self):
+        """The current value, without recording a dependency even inside a running cell (an
+        untracked read: a later change of this input does not re-run the reader).
+
+        Runtime complexity: O(1).
+        """
+        return self.value
+
     def set(self, value):
-        """Give the input a new value; a value equal to the current one (same type, ==) changes
-        nothing. Outside a batch this commits one revision.
+        """Give the input a new value; the same value (same type and ==, all the way down;
+        0.0 and -0.0 differ, NaN equals NaN, dicts compare in order) changes nothing. Outside
+        a batch this commits one revision.
 
         Runtime complexity: O(instances that become stale).
 
@@ -185,6 +297,7 @@ cdef class Instance(Node):
         self.why = None
         self.observed_by = None
         self.last_action = A_NONE
+        self.fresh_args = False
 
     cdef str label(self):
         return _label(self.cell, self.args)
@@ -416,16 +529,24 @@ cdef class Observer:
         self.callbacks = []
         self.active = True
         self.seen_at = -1
+        self.error = None
 
     @property
     def value(self):
         """The instance's current value (computed on demand if stale).
 
-        Raises IncrError if the observer was stopped.
+        Raises what the instance's run raised (also kept in ``error``), and IncrError if the
+        observer was stopped.
         """
         if not self.active:
             raise IncrError(f"observer of {self.node.label()} was stopped")
-        return self.runtime._demand_top(self.node)
+        try:
+            v = self.runtime._demand_top(self.node)
+        except Exception as e:
+            self.error = e
+            raise
+        self.error = None
+        return v
 
     @property
     def label(self):
@@ -510,6 +631,10 @@ cdef class Runtime:
         self.tables = {}
         self.frames = []
         self.dirty_observed = []
+        self.unnotified = []
+        self.quiet = -1
+        self.busy_thread = 0
+        self.busy_depth = 0
         self.failed = {}
         self.tokens = []
         self.report_log = None
@@ -578,18 +703,27 @@ cdef class Runtime:
     def observe(self, cell, *args, **kwargs):
         """Observe one instance: ``stabilize()`` keeps it up to date and calls its callbacks.
 
-        Computes the instance now if it was never computed.
+        Computes the instance now if it was never computed. If that run raises, the instance
+        is observed all the same: ``Observer.error`` holds the exception (``.value`` raises
+        it), the next ``stabilize()`` runs it again, and the callbacks get its value once a
+        run succeeds.
         """
         self.check_usable()
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy("observe an instance"))
         cdef Instance n = self._instance(cell, args, kwargs)
-        self._demand_top(n)
         o = Observer(self, n)
-        o.seen_at = n.changed_at
+        try:
+            self._demand_top(n)
+        except Exception as e:
+            o.error = e
         if n.observed_by is None:
             n.observed_by = []
         n.observed_by.append(o)
+        if n.flags & F_HAS_VALUE:
+            o.seen_at = n.changed_at
+        if _needs_work(n):
+            self.dirty_observed.append(n)   # failed: the next pass runs it again (I5)
         return o
 
     def stabilize(self):
@@ -606,9 +740,17 @@ cdef class Runtime:
         self.check_usable()
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy("stabilize"))
+        self.enter()
+        try:
+            return self.stabilize_pass()
+        finally:
+            self.leave()
+
+    cdef object stabilize_pass(self):
         cdef list todo = []
         cdef Instance n
         cdef Observer o
+        cdef bint done = False
         t0 = time.perf_counter()
         for n in dict.fromkeys(self.dirty_observed):  # once each, in the order queued
             if n.observed_by is not None:
@@ -680,7 +822,20 @@ cdef class Runtime:
                         if n.observed_by is not None]
                 self.dirty_observed = []
                 todo.sort(key=_ts_key)
+            done = True
         finally:
+            if not done:
+                # interrupted (Ctrl-C, any exception): every observed instance that is not
+                # up to date stays queued for the next pass (I5)
+                for n in todo:
+                    if n.observed_by is None:
+                        continue
+                    if _needs_work(n):
+                        self.dirty_observed.append(n)
+                    else:   # brought up to date before the interrupt: notify next pass
+                        for o in n.observed_by:
+                            if o.seen_at != n.changed_at:
+                                self.unnotified.append(o)
             self.stabilizing = False
             self.prefetch = None
             self.report_log = None
@@ -690,15 +845,25 @@ cdef class Runtime:
             _active.reset(token)
             if self.store is not None:
                 self.flush(bool(errors))
-        # callbacks run once everything is up to date, outside the trace
+        failed = {}
+        for n, e in errors:
+            failed.setdefault(n, e)
+        # callbacks run once everything is up to date, outside the trace: every one of them,
+        # even if one raises; an interrupt keeps the rest for the next pass
+        due = self.unnotified
+        self.unnotified = []
         for n in todo:
-            if n.observed_by is None or not (n.flags & F_HAS_VALUE):
+            if n.observed_by is None:
                 continue
-            for o in list(n.observed_by):
-                if o.seen_at != n.changed_at:
-                    o.seen_at = n.changed_at
-                    for cb in list(o.callbacks):
-                        cb(n.value)
+            e = failed.get(n)
+            for o in n.observed_by:
+                if e is not None:
+                    o.error = e
+                elif n.flags & F_HAS_VALUE:
+                    o.error = None
+                    if o.seen_at != n.changed_at:
+                        due.append(o)
+        cb_errors = _notify(due, self)
         report = Stabilization(log, self.n_reused - reused0, time.perf_counter() - t0,
                                self.revision)
         if errors:
@@ -708,7 +873,12 @@ cdef class Runtime:
                 if e2 is not e:
                     _add_note(e, f"incr: {(<Instance>n2).label()} also raised "
                                  f"{type(e2).__name__}: {e2}")
+            if cb_errors:
+                raise _group("incr: stabilize raised, and so did on_change callbacks",
+                             [e] + cb_errors)
             raise e
+        if cb_errors:
+            raise _group(f"incr: {len(cb_errors)} on_change callback(s) raised", cb_errors)
         return report
 
     def explain(self, cell, *args, **kwargs):
@@ -769,6 +939,11 @@ cdef class Runtime:
         IncrError. Idempotent."""
         if self.closed:
             return
+        if self.frames or self.stabilizing or self.busy_depth:
+            if self.busy_thread != 0 and self.busy_thread != PyThread_get_thread_ident():
+                raise IncrError(f"cannot close this incr.Runtime while another thread computes "
+                                f"on it; close it from that thread, or once it has finished")
+            raise ReentrancyError(self._reentrancy("close the runtime"))
         self.closed = True
         if self.store is not None:
             try:
@@ -838,8 +1013,8 @@ cdef class Runtime:
                     if d.ts >= n.ts:
                         problems.append(f"I4: {lab} (ts {n.ts}) reads {_node_label(d)} "
                                         f"(ts {d.ts})")
-                if n.observed_by is not None and (n.flags & F_DIRTY) and id(n) not in dirty_obs:
-                    problems.append(f"I5: observed {lab} is dirty but not queued")
+                if n.observed_by is not None and _needs_work(n) and id(n) not in dirty_obs:
+                    problems.append(f"I5: observed {lab} is dirty or failed but not queued")
                 if (n.flags & F_HAS_VALUE) == 0 and n.value is not None:
                     problems.append(f"{lab} keeps a value from a failed run")
         for node in all_nodes:
@@ -954,7 +1129,7 @@ cdef class Runtime:
     def _hash_value(self, value):
         """The content hash a value would have here (b"" if it cannot be encoded)."""
         try:
-            return _keys.digest("value", _keys.encode(value), self.hash)
+            return _keys.digest("value", _keys.encode_value(value), self.hash)
         except TypeError:
             return b""
 
@@ -1005,16 +1180,48 @@ cdef class Runtime:
         if self.closed:
             raise IncrError("this incr.Runtime is closed; create a new one")
 
+    cdef long long quiet_enter(self):
+        # reads of the innermost running frame stop being recorded; returns what to restore
+        cdef long long old = self.quiet
+        if self.frames:
+            self.quiet = (<Frame>self.frames[len(self.frames) - 1]).id
+        return old
+
+    cdef void enter(self) except *:
+        # a top-level demand or stabilize begins: one thread at a time. Check and claim run
+        # with no Python call in between, so under the GIL no other thread slips in.
+        cdef unsigned long me = PyThread_get_thread_ident()
+        if self.busy_depth and self.busy_thread != me:
+            raise IncrError(self._other_thread())
+        if self.closed:
+            raise IncrError("this incr.Runtime is closed; create a new one")
+        self.busy_thread = me
+        self.busy_depth += 1
+
+    cdef void leave(self):
+        self.busy_depth -= 1
+        if self.busy_depth == 0:
+            self.busy_thread = 0
+
     cdef Instance lookup(self, Cell c, dict table, tuple bound, bint create):
         # the instance of c for these bound arguments (created if asked), or None.
         # TypeError, naming the cell and the argument, if an argument cannot be keyed.
+        cdef object owned = None
         key = _fast_key(bound)
         if key is None:
             key = normalize_args(c.qualname_label, c.param_names, bound)
-        n = table.get(key)
+            n = table.get(key)
+            if n is None and create:
+                owned = _keys.own_args(bound)   # the instance never shares the caller's objects
+        else:
+            n = table.get(key)
         if n is None and create:
             self.check_usable()
-            n = Instance(c, bound, self)
+            if owned is None:
+                n = Instance(c, bound, self)
+            else:
+                n = Instance(c, <tuple>owned, self)
+                (<Instance>n).fresh_args = True
             table[key] = n
         return n
 
@@ -1027,7 +1234,7 @@ cdef class Runtime:
 
     cdef void record_read(self, Node n):
         cdef Frame f = <Frame>self.frames[len(self.frames) - 1]
-        if n.read_stamp != f.id:
+        if n.read_stamp != f.id and f.id != self.quiet:
             n.read_stamp = f.id
             f.reads.append(n)
 
@@ -1068,23 +1275,27 @@ cdef class Runtime:
         # a top-level demand: one store commit for everything it computed; an incr.Reject
         # that escapes withdraws the blamed candidate and the demand runs again
         cdef int rejects = 0
-        while True:
-            try:
-                v = self.ensure(n)
-                break
-            except Reject as e:
-                if rejects < MAX_REJECTS and self.absorb_reject(e):
-                    rejects += 1
-                    continue
-                if self.store is not None:
-                    self.flush(True)
-                raise
-            except BaseException:
-                if self.store is not None:
-                    self.flush(True)
-                raise
-        if self.store is not None:
-            self.flush(False)
+        self.enter()
+        try:
+            while True:
+                try:
+                    v = self.ensure(n)
+                    break
+                except Reject as e:
+                    if rejects < MAX_REJECTS and self.absorb_reject(e):
+                        rejects += 1
+                        continue
+                    if self.store is not None:
+                        self.flush(True)
+                    raise
+                except BaseException:
+                    if self.store is not None:
+                        self.flush(True)
+                    raise
+            if self.store is not None:
+                self.flush(False)
+        finally:
+            self.leave()
         return v
 
     cdef object ensure(self, Instance n):
@@ -1393,7 +1604,7 @@ cdef class Runtime:
     cdef object value_hash(self, Node n):
         if n.vhash is None:
             try:
-                n.vhash = _keys.digest("value", _keys.encode(n.value), self.hash)
+                n.vhash = _keys.digest("value", _keys.encode_value(n.value), self.hash)
             except TypeError:
                 n.vhash = b""
         return n.vhash
@@ -1409,7 +1620,7 @@ cdef class Runtime:
         if not p.ok:
             return
         try:
-            val = _keys.encode(n.value)
+            val = _keys.encode_value(n.value)
         except TypeError as e:
             n.vhash = b""
             _warn_once(n.cell, f"incr: the value of {n.label()} cannot be stored, so it stays "
@@ -1525,6 +1736,8 @@ cdef class Runtime:
         try:
             if self.remote is n:
                 value = self.prefetch.take(n)   # an executor's result; its reads replayed
+            elif n.fresh_args:
+                value = n.cell.invoke(_keys.own_args(n.args))   # a copy it may mutate
             else:
                 value = n.cell.invoke(n.args)
         except BaseException as e:
@@ -1665,6 +1878,42 @@ cdef enum:
     DONE = 0
     PUSHED = 1
     NOMATCH = 2
+
+
+cdef list _notify(list due, Runtime rt):
+    # Call the callbacks of every observer in ``due`` once with its instance's value. An
+    # exception from a callback is collected and the rest still run; an interrupt
+    # (KeyboardInterrupt, SystemExit) keeps the observers not yet served for the next pass.
+    cdef Observer o
+    cdef Py_ssize_t i
+    cdef list errors = []
+    for i in range(len(due)):
+        o = <Observer>due[i]
+        if not o.active or not (o.node.flags & F_HAS_VALUE) or o.seen_at == o.node.changed_at:
+            continue
+        o.seen_at = o.node.changed_at
+        value = o.node.value
+        try:
+            for cb in list(o.callbacks):
+                try:
+                    cb(value)
+                except Exception as e:
+                    _add_note(e, f"incr: raised in an on_change callback of {o.node.label()}")
+                    errors.append(e)
+        except BaseException:
+            o.seen_at = -1      # delivered again in full next time rather than lost
+            rt.unnotified.extend(due[i:])
+            raise
+    return errors
+
+
+def _group(str message, list errors):
+    try:
+        return ExceptionGroup(message, errors)
+    except NameError:   # Python 3.10: the first, with the others attached
+        e = errors[0]
+        e.incr_exceptions = list(errors)
+        return e
 
 
 def _warn_once(Cell cell, str message):

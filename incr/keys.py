@@ -129,7 +129,8 @@ import msgpack as _msgpack
 import xxhash as _xxhash
 import hashlib as _hashlib
 
-FORMAT = 1                      # bump when the encoding or a pre-image layout changes
+FORMAT = 2                      # bump when the encoding or a pre-image layout changes
+                                # (2: values keep dict order, so their hashes changed)
 EXT_TUPLE = 1
 EXT_FROZENSET = 2
 EXT_REGISTERED = 3
@@ -160,20 +161,24 @@ class DecodeError(ValueError):
     """Bytes that are not a canonical encoding this version of incr can read."""
 
 
-def _default(v: Any) -> Any:
+def _default(v: Any, ordered: bool = False) -> Any:
     t = type(v)
     if t is tuple:
-        return _msgpack.ExtType(EXT_TUPLE, _pack(list(v)))
+        return _msgpack.ExtType(EXT_TUPLE, _pack(list(v), ordered))
     if t is frozenset:
-        parts = sorted(_pack(x) for x in v)
+        parts = sorted(_pack(x, ordered) for x in v)
         return _msgpack.ExtType(EXT_FROZENSET, b"".join(_frame(p) for p in parts))
     spec = _registry.get(t)
     if spec is not None:
-        return _msgpack.ExtType(EXT_REGISTERED, _pack([spec[0], spec[1](v)]))
+        return _msgpack.ExtType(EXT_REGISTERED, _pack([spec[0], spec[1](v)], ordered))
     name = getattr(v, "_incr_input_name", None)
     if name is not None:
         return _msgpack.ExtType(EXT_INPUT, name.encode())
     raise _Unencodable("value", v)
+
+
+def _default_ordered(v: Any) -> Any:
+    return _default(v, True)
 
 
 def _frame(b: bytes) -> bytes:
@@ -184,8 +189,9 @@ MAX_DEPTH = 64      # nesting beyond this is not encoded (TypeError) nor decoded
                     # the C encoder and decoder recurse, and a deep value must not crash them
 
 
-def _prepare(v: Any, depth: int = 0) -> Any:
-    # sort dict keys, canonicalize floats; containers are rebuilt (same types)
+def _prepare(v: Any, depth: int = 0, ordered: bool = False) -> Any:
+    # canonicalize floats and (for keys) sort dict keys; containers are rebuilt (same types).
+    # ``ordered``: keep dict keys in their order (values round-trip exactly, order included)
     t = type(v)
     if t is dict or t is list or t is tuple or t is frozenset:
         if depth >= MAX_DEPTH:
@@ -194,18 +200,18 @@ def _prepare(v: Any, depth: int = 0) -> Any:
             for k in v:
                 if type(k) is not str:
                     raise _Unencodable(f"key {k!r}", k)
-            return {k: _prepare(v[k], depth + 1) for k in sorted(v)}
+            return {k: _prepare(v[k], depth + 1, ordered) for k in (v if ordered else sorted(v))}
         if t is list:
-            return [_prepare(x, depth + 1) for x in v]
+            return [_prepare(x, depth + 1, ordered) for x in v]
         if t is tuple:
-            return tuple(_prepare(x, depth + 1) for x in v)
-        return frozenset(_prepare(x, depth + 1) for x in v)
+            return tuple(_prepare(x, depth + 1, ordered) for x in v)
+        return frozenset(_prepare(x, depth + 1, ordered) for x in v)
     if t is float and v != v:
         return _NAN
     return v
 
 
-def _pack(v: Any) -> bytes:
+def _pack(v: Any, ordered: bool = False) -> bytes:
     t = type(v)
     if t in _SIMPLE_SET or (t is float and v == v):
         return _simple_packer().pack(v)
@@ -217,8 +223,9 @@ def _pack(v: Any) -> bytes:
         else:  # the common argument tuple: no normalization needed, one ext wrapper
             return _ext_bytes(EXT_TUPLE, _simple_packer().pack(list(v)))
     # the general path may recurse through _default: a fresh packer each time
-    return _msgpack.packb(_prepare(v), use_bin_type=True, strict_types=True,
-                          default=_default, use_single_float=False)
+    return _msgpack.packb(_prepare(v, 0, ordered), use_bin_type=True, strict_types=True,
+                          default=_default_ordered if ordered else _default,
+                          use_single_float=False)
 
 
 _FIXEXT = {1: b"\xd4", 2: b"\xd5", 4: b"\xd6", 8: b"\xd7", 16: b"\xd8"}
@@ -271,6 +278,69 @@ def encode(value: Any, what: str = "value") -> bytes:
         raise TypeError(_message(what, e)) from None
     except (OverflowError, ValueError) as e:  # ints beyond 64 bits, recursion
         raise TypeError(f"{what} cannot be encoded: {e}") from None
+
+
+def encode_value(value: Any, what: str = "value") -> bytes:
+    """The bytes a value is stored as, and hashed by: :func:`encode`, except that dict keys
+    keep their order, so a value taken from the store is the value that was computed (a dict
+    iterates in the same order). Argument keys sort dict keys (equal dicts are one instance);
+    values do not (a reordered dict is a changed value). ``TypeError`` naming ``what`` if it
+    cannot be encoded.
+
+    >>> decode(encode_value({"zeta": 1, "alpha": 2}))
+    {'zeta': 1, 'alpha': 2}
+    """
+    try:
+        return _pack(value, True)
+    except _Unencodable as e:
+        raise TypeError(
+            f"{what} holds a {type(e.value).__qualname__}, which incr cannot store (got "
+            f"{_short(e.value)}); return None, bool, int, float, str, bytes, tuple, list, dict "
+            f"with str keys or frozenset, or call incr.register_type() for it") from None
+    except (OverflowError, ValueError) as e:
+        raise TypeError(f"{what} cannot be encoded: {e}") from None
+
+
+def own_args(args: tuple) -> tuple | None:
+    """A deep copy of a call's bound arguments that shares nothing mutable with them, or None
+    when they hold nothing mutable (str, int, float, bool, bytes, None, frozenset, Input and
+    tuples of those need no copy). An instance keeps this copy, and each run of its function
+    gets a fresh one (``own_args`` of the kept copy), so mutating an argument after the call,
+    or inside the cell, never changes what the instance computes. Registered types are copied
+    through their codec: ``decode(copy of encode(obj))``."""
+    if not any(_mutable(a) for a in args):
+        return None
+    return tuple(_copy(a, 0) for a in args)
+
+
+_IMMUTABLE = frozenset((int, str, bytes, float, bool, type(None), frozenset))
+
+
+def _mutable(v: Any) -> bool:
+    t = type(v)
+    if t in _IMMUTABLE:
+        return False
+    if t is tuple:
+        return any(_mutable(x) for x in v)
+    return getattr(v, "_incr_input_name", None) is None
+
+
+def _copy(v: Any, depth: int) -> Any:
+    t = type(v)
+    if t in _IMMUTABLE:
+        return v
+    if depth > MAX_DEPTH + 8:
+        raise TypeError(f"argument nested deeper than {MAX_DEPTH} levels")
+    if t is list:
+        return [_copy(x, depth + 1) for x in v]
+    if t is dict:
+        return {k: _copy(x, depth + 1) for k, x in v.items()}
+    if t is tuple:
+        return tuple(_copy(x, depth + 1) for x in v)
+    spec = _registry.get(t)
+    if spec is not None:
+        return spec[2](_copy(spec[1](v), depth + 1))
+    return v   # an Input: it is a reference by design
 
 
 def _ext_hook(code: int, data: bytes) -> Any:

@@ -122,8 +122,14 @@ def test_reading_another_runtimes_input_when_observing_raises(rt, rt2):
     def trespass():
         return foreign.get()
 
+    # the instance is observed all the same; its error is kept and raised by .value
+    o = rt2.observe(trespass)
+    assert isinstance(o.error, incr.IncrError)
     with pytest.raises(incr.IncrError):
-        rt2.observe(trespass)
+        o.value
+    with pytest.raises(incr.IncrError):
+        rt2.stabilize()
+    rt2._check()
 
 
 def test_setting_another_runtimes_input_inside_a_running_cell_raises(rt, rt2, log):
