@@ -35,6 +35,8 @@ import msgpack as _msgpack
 import warnings as _warnings
 
 cdef object _active = contextvars.ContextVar("incr_runtime", default=None)
+import types as _types
+cdef type _CoroutineType = _types.CoroutineType
 
 # Nested runs deeper than this verify the remaining dependencies of an instance before running
 # it (see ensure); shallower ones follow Salsa's order exactly.
@@ -345,6 +347,11 @@ cdef class Cell:
     def __init__(self, fn, *, version=None, cutoff=EQUAL, local=False):
         if not callable(fn):
             raise TypeError(f"incr.cell needs a function, got {fn!r}")
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"incr.cell {getattr(fn, '__qualname__', fn)!r} is an async function; this "
+                f"version of incr runs sync cells only: make it a plain def (or call the "
+                f"coroutine with asyncio.run inside it). A coroutine is never a cell's value.")
         self.fn = fn
         module = getattr(fn, "__module__", None) or "?"
         qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
@@ -1745,6 +1752,13 @@ cdef class Runtime:
             self.fail(n, f.reads, had, e, "raised in cell")
             raise
         self.frames.pop()
+        if type(value) is _CoroutineType:
+            value.close()   # never awaited: no "never awaited" warning, and never a value
+            e = TypeError(f"{n.label()} returned a coroutine: the function is sync but "
+                          f"returned an awaitable; await it inside the function, or make "
+                          f"the function return the value. A coroutine is never a value.")
+            self.fail(n, f.reads, had, e, "raised in cell")
+            raise e
         n.flags &= ~F_RUNNING
         same = False
         if had:
