@@ -113,8 +113,10 @@ def prog(name: str) -> str:
 
 
 def spawn(name: str, *args, stdin=None) -> subprocess.Popen:
-    """Start tests/chaos/progs/NAME with these arguments (text pipes for stdout and stderr)."""
-    return subprocess.Popen([sys.executable, prog(name), *map(str, args)], stdin=stdin,
+    """Start tests/chaos/progs/NAME with these arguments (text pipes for stdout and stderr;
+    faulthandler on, so that a crash leaves the Python stacks on stderr)."""
+    return subprocess.Popen([sys.executable, "-X", "faulthandler", prog(name), *map(str, args)],
+                            stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=PROGS)
 
