@@ -72,7 +72,7 @@ def test_flipped_record_bytes_in_the_file(pristine, tmp_path, chaos):
     recs = entries(pristine)
     assert len(recs) == 13
     problems = []
-    for n in chaos.rounds(20, 40):
+    for n in chaos.rounds(20, 20):
         path = copy_of(pristine, tmp_path, n)
         data = bytearray((path / "data.mdb").read_bytes())
         hit = rng.sample(sorted(recs), rng.randint(1, 4))
@@ -104,7 +104,7 @@ def test_flipped_record_bytes_in_the_file(pristine, tmp_path, chaos):
 def test_flipped_bytes_anywhere_in_the_file(pristine, tmp_path, chaos):
     rng = random.Random(32)
     problems = []
-    for n in chaos.rounds(25, 40):
+    for n in chaos.rounds(25, 20):
         path = copy_of(pristine, tmp_path, n)
         data = bytearray((path / "data.mdb").read_bytes())
         flips = rng.randint(1, 8)
@@ -195,7 +195,7 @@ def test_crafted_records_through_the_store_api(pristine, tmp_path, chaos):
     recs = entries(pristine)
     kinds = sorted(CRAFTS)
     problems = []
-    for n in chaos.rounds(len(kinds) * 2, 40):
+    for n in chaos.rounds(len(kinds) * 2, 20):
         path = copy_of(pristine, tmp_path, n)
         picked = rng.sample(sorted(recs), rng.randint(1, 3))
         crafted = {}

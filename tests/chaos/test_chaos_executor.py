@@ -122,7 +122,7 @@ def test_shipped_cells_take_new_branches(chaos, fail_rate):
         x, y, work = make(rt)
         obs = {i: rt.observe(work, i) for i in range(N)}
         vals = {"x": 0, "y": 1}
-        for _ in chaos.rounds(60, 30):
+        for _ in chaos.rounds(60, 15):
             for _ in range(rng.randint(1, 2)):
                 name = rng.choice(["x", "y"])
                 vals[name] = rng.randrange(12)

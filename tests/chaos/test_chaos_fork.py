@@ -148,7 +148,7 @@ def test_fork_with_a_store_backed_runtime(tmp_path, chaos):
     salt = 0
     model.values(range(6))
     problems = []
-    for _ in chaos.rounds(25, 30, "forks"):
+    for _ in chaos.rounds(25, 15, "forks"):
         where = rng.choice(["after_demand", "observed_dirty", "in_batch", "after_stabilize"])
         chaos.count(f"fork_{where}")
         obs = None

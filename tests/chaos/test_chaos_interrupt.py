@@ -271,7 +271,7 @@ def test_ctrl_c_at_random_microseconds(tmp_path, chaos, alarm, on_store):
     span = max(time.perf_counter() - t0, 200e-6)
     watch.check_final(chaos)
 
-    for _ in chaos.rounds(400, 25):
+    for _ in chaos.rounds(400, 15):
         graph.change(rng)
         if rng.random() < 0.7:
             hit = alarm.call(rng.uniform(1e-6, 1.5 * span), rt.stabilize)
@@ -309,7 +309,7 @@ def test_ctrl_c_at_every_cell_run_and_callback(tmp_path, chaos, on_store):
     cb_trip = Tripwire()
     watch = Watch(graph, sorted(rng.sample(range(N_CELLS), 6)), trip=cb_trip)
     rt = graph.rt
-    for rnd in chaos.rounds(40, 30):
+    for rnd in chaos.rounds(40, 15):
         # a change, then a pass (or a demand) interrupted at its k-th cell run or callback,
         # for every k until one runs through
         graph.change(rng)
@@ -364,7 +364,7 @@ def test_raising_callbacks_do_not_silence_the_others(chaos):
 
     # a callback that sometimes raises, between the two logging ones of every observer
     watch = Watch(graph, sorted(rng.sample(range(N_CELLS), 6)), middle=boom)
-    for _ in chaos.rounds(150, 15):
+    for _ in chaos.rounds(150, 8):
         raising.add(1)
         graph.change(rng)
         try:

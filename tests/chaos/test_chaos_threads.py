@@ -24,7 +24,7 @@ def test_threads_share_one_runtime(tmp_path, chaos, mode, on_store):
     problems = []
     for seed in chaos.rounds(4, 20, "processes"):
         store = tmp_path / f"store{seed}" if on_store else "-"
-        res = finish(spawn("threads_child.py", seed, 4, 300, mode, store), timeout=120)
+        res = finish(spawn("threads_child.py", seed, 4, 500, mode, store), timeout=120)
         for k in ("calls", "ok", "incr_errors", "bad_count", "inconsistent_count"):
             chaos.count(k, res[k])
         chaos.count("wrong_values", len(res["final_wrong"]))
