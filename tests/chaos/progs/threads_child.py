@@ -2,7 +2,7 @@
 
 ``threads_child.py SEED THREADS CALLS MODE STORE``: one runtime (on STORE, or in memory if STORE
 is ``-``) and THREADS threads that each make CALLS seeded random public calls on it: demands
-(``with rt: cell()``), ``Input.set``, batches, ``stabilize``, ``observe``, ``Observer.value``,
+(``with rt: cell()``, sometimes lingering in the ``with``), ``Input.set``, batches, ``stabilize``, ``observe``, ``Observer.value``,
 ``Observer.stop``, ``rt.nack``/``rt.state`` on an LLM node, ``explain``, ``stats``; with MODE
 ``close`` one thread also calls ``rt.close()`` at a random moment. The thread switch interval is
 tiny, so the calls interleave inside one another.
@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import threading
+import time
 import traceback
 
 import incr
@@ -82,6 +83,13 @@ def main():
             with rt:
                 check("pair", pair(rng.randrange(K)))
 
+    def linger(rng):
+        # stays inside `with rt:` a little after its demand, so that other threads' `with rt:`
+        # blocks open and close inside this one
+        with rt:
+            check("pair", pair(rng.randrange(K)))
+            time.sleep(0.0002)
+
     def set_one(rng):
         xs[rng.randrange(K)].set(rng.randrange(50))
 
@@ -122,7 +130,7 @@ def main():
         rt.explain(total)
         rt.stats()
 
-    actions = [demand, demand, demand, set_one, set_one, batch, stabilize, stabilize, observe,
+    actions = [demand, demand, demand, linger, set_one, set_one, batch, stabilize, stabilize, observe,
                read_observer, stop, nack, talk]
 
     def worker(t):
