@@ -65,6 +65,20 @@ def rt():
 
 _HANG_REPORT = {}
 
+LONG_FACTOR = 20   # --long / INCR_CHAOS_LONG=1: the soak mode of tests/chaos
+
+
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true", default=False,
+                     help=f"soak mode for tests/chaos: every loop runs {LONG_FACTOR}x its CI "
+                          f"count and time (also: environment INCR_CHAOS_LONG=1)")
+
+
+def chaos_scale(config):
+    """How many times its CI count each chaos loop runs: 1, or LONG_FACTOR in soak mode."""
+    long = config.getoption("--long", False) or os.environ.get("INCR_CHAOS_LONG") == "1"
+    return LONG_FACTOR if long else 1
+
 
 def pytest_configure(config):
     config.addinivalue_line(
@@ -94,6 +108,7 @@ def _watchdog(request):
         limit = marker.args[0]
     else:
         limit = 900 if request.node.get_closest_marker("slow") else 300
+    limit *= chaos_scale(request.config)   # a soak run is longer, not hung
     out = _HANG_REPORT.get("file") or sys.__stderr__
     faulthandler.dump_traceback_later(limit, exit=True, file=out)
     yield
