@@ -168,7 +168,6 @@ cdef class Runtime:
     cdef bint batch_bumped
     cdef bint stabilizing
     cdef readonly bint closed
-    cdef list tokens                 # contextvar tokens of nested `with rt:`
     cdef list report_log             # (label, action) appended during a stabilize, or None
     cdef readonly object store_path
     cdef object store                # incr.store.Store, or None (in memory)

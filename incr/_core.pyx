@@ -35,6 +35,7 @@ import msgpack as _msgpack
 import warnings as _warnings
 
 cdef object _active = contextvars.ContextVar("incr_runtime", default=None)
+cdef object _outer = contextvars.ContextVar("incr_outer_runtimes", default=())
 import types as _types
 cdef type _CoroutineType = _types.CoroutineType
 
@@ -643,7 +644,6 @@ cdef class Runtime:
         self.busy_thread = 0
         self.busy_depth = 0
         self.failed = {}
-        self.tokens = []
         self.report_log = None
         self.batch_depth = 0
         self.batch_bumped = False
@@ -667,11 +667,18 @@ cdef class Runtime:
 
     def __enter__(self):
         self.check_usable()
-        self.tokens.append(_active.set(self))
+        # the runtime active before, kept per context (each thread and asyncio task has its
+        # own), so `with rt:` in several threads at once never mixes their stacks
+        _outer.set(_outer.get() + (get_value(_active),))
+        _active.set(self)
         return self
 
     def __exit__(self, *exc):
-        _active.reset(self.tokens.pop())
+        cdef tuple outer = _outer.get()
+        if not outer:
+            raise IncrError("`with rt:` exited in another context than it was entered in")
+        _active.set(outer[len(outer) - 1])
+        _outer.set(outer[:len(outer) - 1])
         return False
 
     def input(self, str name, value=None):
