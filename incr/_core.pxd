@@ -7,13 +7,15 @@
 # outside a batch, one per batch).
 #
 # Invariants (checked by Runtime._check(); tests call it, production code never does):
-#   I1  an instance that is not dirty has no dirty dependency (dirtiness is pushed to every
-#       dependent, transitively, when an input changes);
+#   I1  an instance that has a value and is not dirty has no dirty dependency (dirtiness is
+#       pushed to every dependent, transitively, when an input changes; an instance without a
+#       value runs at its next demand whatever its dependencies, so an interrupted
+#       verification may leave one with a dirty dependency);
 #   I2  an instance that is clean (not dirty, has a value) has, for every dep d,
 #       d.changed_at <= verified_at;
 #   I3  `dependents` is exactly the reverse of `deps`, as multisets;
 #   I4  timestamps order the trace: every dep d of n has d.ts < n.ts;
-#   I5  an observed instance that is dirty is in Runtime.dirty_observed;
+#   I5  an observed instance that is dirty or has no value is in Runtime.dirty_observed;
 #   I6  outside a running computation no instance is RUNNING and the frame stack is empty.
 
 cdef enum NodeFlag:
@@ -202,6 +204,7 @@ cdef class Runtime:
     cdef void check_usable(self) except *
     cdef void enter(self) except *
     cdef long long quiet_enter(self)
+    cdef void owe(self, list todo)
     cdef object stabilize_pass(self)
     cdef void leave(self)
     cdef int attempt(self, Instance m, list stack, list idx) except -1

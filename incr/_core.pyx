@@ -840,16 +840,9 @@ cdef class Runtime:
         finally:
             if not done:
                 # interrupted (Ctrl-C, any exception): every observed instance that is not
-                # up to date stays queued for the next pass (I5)
-                for n in todo:
-                    if n.observed_by is None:
-                        continue
-                    if _needs_work(n):
-                        self.dirty_observed.append(n)
-                    else:   # brought up to date before the interrupt: notify next pass
-                        for o in n.observed_by:
-                            if o.seen_at != n.changed_at:
-                                self.unnotified.append(o)
+                # up to date stays queued for the next pass (I5), and the callbacks of those
+                # brought up to date are owed to the next pass
+                self.owe(todo)
             self.stabilizing = False
             self.prefetch = None
             self.report_log = None
@@ -858,7 +851,12 @@ cdef class Runtime:
             self.deferred = []
             _active.reset(token)
             if self.store is not None:
-                self.flush(bool(errors))
+                try:
+                    self.flush(bool(errors))
+                except BaseException:
+                    if done:   # the pass is done but its callbacks will not run now
+                        self.owe(todo)
+                    raise
         failed = {}
         for n, e in errors:
             failed.setdefault(n, e)
@@ -1018,7 +1016,7 @@ cdef class Runtime:
                     problems.append(f"I6: {lab} is marked running or verifying")
                 for d in n.deps:
                     dependents_of.setdefault(id(d), Counter())[id(n)] += 1
-                    if not (n.flags & F_DIRTY) and (d.flags & F_DIRTY):
+                    if (n.flags & (F_DIRTY | F_HAS_VALUE)) == F_HAS_VALUE and (d.flags & F_DIRTY):
                         problems.append(f"I1: {lab} is not dirty but its dependency "
                                         f"{_node_label(d)} is")
                     if not _needs_work(n) and d.changed_at > n.verified_at:
@@ -1193,6 +1191,21 @@ cdef class Runtime:
     cdef void check_usable(self) except *:
         if self.closed:
             raise IncrError("this incr.Runtime is closed; create a new one")
+
+    cdef void owe(self, list todo):
+        # after an interrupted pass: what still needs work stays queued, and the observers
+        # of what was brought up to date get their callbacks from the next pass
+        cdef Instance n
+        cdef Observer o
+        for n in todo:
+            if n.observed_by is None:
+                continue
+            if _needs_work(n):
+                self.dirty_observed.append(n)
+            else:
+                for o in n.observed_by:
+                    if o.seen_at != n.changed_at:
+                        self.unnotified.append(o)
 
     cdef long long quiet_enter(self):
         # reads of the innermost running frame stop being recorded; returns what to restore
