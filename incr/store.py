@@ -60,6 +60,7 @@ MAX_RECORD = 64 << 20             # a record larger than this is damaged by defi
 KIND_CELL = 1
 KIND_NODE = 2
 INITIAL_MAP = 64 << 20
+MIN_FREE = 1 << 20                # bytes free on its file system to open a store (see _open)
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs",
               "fuse.sshfs", "lustre", "gpfs", "davfs", "ncpfs", "coda"}
 
@@ -158,6 +159,65 @@ def _fs_type(path: str) -> str | None:
     return fstype
 
 
+def _existing_ancestor(path: str) -> str:
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def _free_bytes(path: str) -> int | None:
+    """Bytes this process may still write on the file system holding ``path`` (root may use
+    the reserved blocks), or None if unknown."""
+    try:
+        st = os.statvfs(_existing_ancestor(path))
+    except OSError:
+        return None
+    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return blocks * st.f_frsize
+
+
+_DAMAGE = tuple(getattr(lmdb, n) for n in (
+    "CorruptedError", "PageNotFoundError", "PanicError", "InvalidError", "BadChecksumError",
+    "VersionMismatchError", "IncompatibleError") if hasattr(lmdb, n))
+
+
+def _explain(path: str, e: BaseException, doing: str, need: int = 0) -> StoreError:
+    """The StoreError for an lmdb (or OS) error met while ``doing`` something with the store at
+    ``path``: says what happened and what to do. ``need``: bytes the operation was writing."""
+    text = str(e)
+    code = getattr(e, "errno", None)
+    full = (isinstance(e, lmdb.DiskError) or code in (errno.ENOSPC, errno.EDQUOT)
+            or os.strerror(errno.ENOSPC) in text or os.strerror(errno.EDQUOT) in text)
+    if not full and (code == errno.EIO or os.strerror(errno.EIO) in text):
+        # LMDB reports a short write (a disk that filled up under it) as EIO
+        free = _free_bytes(path)
+        full = free is not None and free < need + MIN_FREE
+    if full:
+        free = _free_bytes(path)
+        room = "" if free is None else f" ({free} bytes free)"
+        return StoreError(
+            f"store {path}: the disk is full{room} while {doing} ({text}); earlier results are "
+            f"intact and the values stay in memory. Free some space on that file system (or "
+            f"move the store), then run again.")
+    if isinstance(e, lmdb.MapFullError) or "MDB_MAP_FULL" in text:
+        return StoreError(
+            f"store {path}: the LMDB map is full and could not grow while {doing} ({text}); "
+            f"earlier results are intact. Run `incr gc {path}`, or bound the store "
+            f"with Runtime(store=..., max_bytes=...).")
+    if isinstance(e, _DAMAGE):
+        return StoreError(
+            f"store {path} is damaged: its LMDB pages cannot be read while {doing} ({text}). "
+            f"The store is a cache: delete {path} (or move it aside) and its values are "
+            f"computed again, or restore it from a backup.")
+    if isinstance(e, lmdb.ReadonlyError):
+        return StoreError(f"store {path} is read-only ({text}); incr needs to write there. "
+                          f"Use a writable location.")
+    return StoreError(f"store {path}: {doing} failed: {text}")
+
+
 class Store:
     """An open LMDB store. One per runtime; reopened transparently after ``fork()``."""
 
@@ -182,12 +242,19 @@ class Store:
 
     def _open(self) -> None:
         path = self.path
-        parent = os.path.dirname(path) or "."
-        fs = _fs_type(path if os.path.exists(path) else parent)
+        fs = _fs_type(_existing_ancestor(path))
         if fs in NETWORK_FS or (fs or "").startswith("fuse.sshfs"):
             raise StoreError(
                 f"store {path} is on a network file system ({fs}); LMDB's locks do not work "
                 f"there. Put the store on a local disk.")
+        # LMDB maps its lock file and grows sparse files: on a full file system touching
+        # them is a SIGBUS, so refuse before LMDB (or anything) writes
+        free = _free_bytes(path)
+        if free is not None and free < MIN_FREE:
+            raise StoreError(
+                f"store {path}: only {free} bytes free on its file system; incr needs at "
+                f"least {MIN_FREE} to open a store. Free some space there, or choose a store "
+                f"on another file system.")
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError as e:
@@ -212,7 +279,7 @@ class Store:
             self.env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
                                  readahead=False, meminit=False, max_readers=256)
         except lmdb.Error as e:
-            raise StoreError(f"cannot open store {path}: {e}") from None
+            raise _explain(path, e, "opening it") from None
         self.pid = os.getpid()
         _live.add(self)
         try:
@@ -243,7 +310,7 @@ class Store:
             raise
         except lmdb.Error as e:
             self.env.close()
-            raise StoreError(f"cannot use store {path}: {e}") from None
+            raise _explain(path, e, "opening it") from None
         except ValueError:
             self.env.close()
             raise StoreError(f"store {path} has a damaged meta record") from None
@@ -403,6 +470,7 @@ class Store:
         pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
         nodes = self.pending_nodes
         self.pending, self.hit_tags, self.damaged, self.pending_nodes = {}, bytearray(), set(), {}
+        need = sum(map(len, pending.values())) + sum(map(len, nodes.values()))
         logs = []
         if pending:
             logs.append(b"\x00" + b"".join([usage_tag(k) for k in pending]))
@@ -433,25 +501,18 @@ class Store:
                 return
             except lmdb.MapFullError:
                 # grow from a quiescent point: our transaction is aborted, none is open
-                env.set_mapsize(env.info()["map_size"] * 2)
+                try:
+                    env.set_mapsize(env.info()["map_size"] * 2)
+                except lmdb.Error as e:
+                    raise _explain(self.path, lmdb.MapFullError(f"MDB_MAP_FULL; growing the "
+                                                                f"map failed: {e}"),
+                                   "writing") from None
             except lmdb.MapResizedError:
                 env.set_mapsize(0)
-            except lmdb.DiskError as e:
-                raise StoreError(f"store {self.path}: the disk refused the write ({e}); "
-                                 f"earlier results are intact. Free some space.") from None
-            except lmdb.ReadonlyError:
-                raise StoreError(f"store {self.path} is read-only") from None
-            except OSError as e:
-                if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise StoreError(f"store {self.path}: no space left on the device; earlier "
-                                     f"results are intact. Free some space.") from None
-                raise StoreError(f"store {self.path}: write failed: {e}") from None
-            except lmdb.Error as e:
-                if "No space" in str(e) or "MDB_MAP_FULL" in str(e):
-                    raise StoreError(f"store {self.path}: no space left for the write; "
-                                     f"earlier results are intact. Free some space.") from None
-                raise StoreError(f"store {self.path}: write failed: {e}") from None
-        raise StoreError(f"store {self.path}: could not grow the map to fit the write")
+            except (lmdb.Error, OSError) as e:
+                raise _explain(self.path, e, "writing", need) from None
+        raise _explain(self.path, lmdb.MapFullError("MDB_MAP_FULL after 8 doublings of the map"),
+                       "writing")
 
     def delete(self, keys: list[bytes]) -> int:
         n = 0
