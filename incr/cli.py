@@ -353,6 +353,14 @@ def main(argv=None) -> int:
     except incr.StoreError as e:
         print(f"incr {args.command}: {e}", file=sys.stderr)
         return 1
+    except Exception as e:   # an lmdb error the store did not explain: still one line
+        import lmdb
+        if not isinstance(e, lmdb.Error):
+            raise
+        from incr.store import _explain
+        print(f"incr {args.command}: {_explain(getattr(args, 'store', '?'), e, args.command)}",
+              file=sys.stderr)
+        return 1
     parser.print_help()
     return 2
 

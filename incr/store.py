@@ -35,17 +35,21 @@ Writes are buffered by the runtime and committed in one write transaction per to
 or stabilization (``commit``); the first writer of an entry wins (``overwrite=False``), so
 processes that compute the same entry end with the same stored value.
 
-Invariants: every committed record decodes; a reader never sees half a commit (LMDB's MVCC).
+Invariants: every committed record decodes; a reader never sees half a commit (LMDB's MVCC);
+no thread uses a handle that another thread closed (see ``Store``); a forked child uses only
+handles it opened itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-import weakref
 import struct
+import threading
 import time
 import warnings
+import weakref
 from collections import Counter
 from typing import Any, Iterator
 
@@ -108,8 +112,9 @@ def _forget_inherited(env: Any) -> None:
     """In a fork()ed child: release the parent's environment handle without touching the
     parent. mdb_env_close in the child unmaps the child's copy and closes the child's
     descriptors; it clears reader slots only for the child's own pid, and fcntl locks are not
-    inherited, so the parent's locks and readers are untouched. py-lmdb must forget the handle
-    too, or it refuses to open the same files again in this process."""
+    inherited, so the parent's locks and readers are untouched (py-lmdb leaves the parent's
+    transactions alone in a child). py-lmdb must forget the handle too, or it refuses to open
+    the same files again in this process."""
     try:
         env.close()
     except Exception:
@@ -123,9 +128,7 @@ def _after_fork_in_child() -> None:
     # forget every inherited environment at once, so that a child can open any store anew
     # (its own Runtime on the same path, or the parent's Runtime, reopened on first use)
     for s in list(_live):
-        env, s.env, s.reader, s.cursor, s.pass_ops = s.env, None, None, None, None
-        if env is not None:
-            _forget_inherited(env)
+        s._forget_after_fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -219,23 +222,34 @@ def _explain(path: str, e: BaseException, doing: str, need: int = 0) -> StoreErr
 
 
 class Store:
-    """An open LMDB store. One per runtime; reopened transparently after ``fork()``."""
+    """An open LMDB store. One per runtime; reopened transparently after ``fork()``.
+
+    Threads: any thread may call it. Each transaction of ours is counted per thread while it
+    is open (the pass's read transaction from ``pass_cursor`` to ``end_pass`` included), and
+    only the thread that began the pass uses its cursor. ``commit`` and ``close`` wait until
+    the other threads' transactions have ended; after ``close``, every call that needs the
+    environment raises StoreError. So no thread ever uses a handle another thread freed."""
 
     def __init__(self, path: Any, *, max_bytes: int | None = None, count_run: bool = True,
                  create: bool = True):
         self.path = os.path.abspath(os.fspath(path))
         self.max_bytes = max_bytes
         self.count_run = count_run
-        if not create and not os.path.isdir(self.path):
-            raise StoreError(f"there is no incr store at {self.path}")
+        self.create = create
+        self.env = None
+        self.closed = False
         self.pending: dict[bytes, bytes] = {}
         self.pending_nodes: dict[bytes, bytes] = {}
         self.hit_tags = bytearray()      # usage tags of the entries taken, once per hit
         self.seq = 0                      # log entries this run has written
         self.reader = None               # a read transaction kept for one pass (end_pass)
         self.cursor = None               # a cursor of that transaction on ``entries``
-        self.pass_ops = None             # its bound methods (see pass_cursor)
+        self._ops = None                 # its bound methods (see pass_cursor)
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
+        self._cond = threading.Condition(threading.RLock())
+        self._users: dict[int, int] = {} # thread ident -> transactions of ours it has open
+        self._pass_thread: int | None = None
+        self._draining = 0               # commit/close waiting for other threads' transactions
         self._open()
 
     # -- opening --------------------------------------------------------------------------
@@ -247,6 +261,8 @@ class Store:
             raise StoreError(
                 f"store {path} is on a network file system ({fs}); LMDB's locks do not work "
                 f"there. Put the store on a local disk.")
+        if not self.create and not os.path.isdir(path):
+            raise StoreError(f"there is no incr store at {path}")
         # LMDB maps its lock file and grows sparse files: on a full file system touching
         # them is a SIGBUS, so refuse before LMDB (or anything) writes
         free = _free_bytes(path)
@@ -271,25 +287,26 @@ class Store:
         if not os.access(path, os.W_OK):
             raise StoreError(f"store {path} is read-only for this user; incr needs to write "
                              f"its lock and data files there")
+        self._open_env(path)
+
+    def _open_env(self, path: str) -> None:
         size = INITIAL_MAP
         data = os.path.join(path, "data.mdb")
         if os.path.exists(data):
             size = max(size, os.path.getsize(data) * 2)
         try:
-            self.env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
-                                 readahead=False, meminit=False, max_readers=256)
+            env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
+                            readahead=False, meminit=False, max_readers=256)
         except lmdb.Error as e:
             raise _explain(path, e, "opening it") from None
-        self.pid = os.getpid()
-        _live.add(self)
         try:
-            self.env.reader_check()
-            self.meta = self.env.open_db(b"meta")
-            self.entries = self.env.open_db(b"entries")
-            self.used = self.env.open_db(b"used")
-            self.nodes = self.env.open_db(b"nodes")
-            self.log = self.env.open_db(b"log")
-            with _begin(self.env, write=True) as txn:
+            env.reader_check()
+            self.meta = env.open_db(b"meta")
+            self.entries = env.open_db(b"entries")
+            self.used = env.open_db(b"used")
+            self.nodes = env.open_db(b"nodes")
+            self.log = env.open_db(b"log")
+            with _begin(env, write=True) as txn:
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt is None:
                     if txn.stat(self.entries)["entries"]:
@@ -304,59 +321,174 @@ class Store:
                 if self.count_run:
                     run += 1
                     txn.put(b"runs", str(run).encode(), db=self.meta)
-            self.run = run
         except StoreError:
-            self.env.close()
+            env.close()
             raise
         except lmdb.Error as e:
-            self.env.close()
+            env.close()
             raise _explain(path, e, "opening it") from None
         except ValueError:
-            self.env.close()
+            env.close()
             raise StoreError(f"store {path} has a damaged meta record") from None
+        self.env = env
+        self.run = run
+        self.pid = os.getpid()
+        _live.add(self)
+
+    def _forget_after_fork(self) -> None:
+        """In a fork()ed child (see _after_fork_in_child): drop what belongs to the parent."""
+        env, self.env = self.env, None
+        self.reader, self.cursor, self._ops = None, None, None
+        self._cond = threading.Condition(threading.RLock())
+        self._users, self._pass_thread, self._draining = {}, None, 0
+        if env is not None:
+            _forget_inherited(env)
 
     def _env(self) -> lmdb.Environment:
-        if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
-            self.pending.clear()
-            self.pending_nodes.clear()
-            self.hit_tags = bytearray()
-            self.seq = 0
-            self.damaged.clear()
-            self.reader = None
-            self.cursor = None
-            self.pass_ops = None
-            if self.env is not None:
-                _forget_inherited(self.env)
-            self._open()
+        """The environment, reopened in a fork()ed child (an LMDB environment must not cross
+        fork()): every use of the handles goes through here first. StoreError once closed."""
+        if self.closed:
+            raise StoreError(f"store {self.path} is closed (rt.close() was called, perhaps by "
+                             f"another thread); open a new Runtime to use it")
+        if os.getpid() != self.pid:
+            with self._cond:
+                if os.getpid() != self.pid:
+                    self.pending.clear()      # the parent writes what it buffered
+                    self.pending_nodes.clear()
+                    self.hit_tags = bytearray()
+                    self.seq = 0
+                    self.damaged.clear()
+                    if self.env is not None:  # a fork the at-fork handler did not see
+                        env, self.env = self.env, None
+                        self.reader, self.cursor, self._ops = None, None, None
+                        self._pass_thread = None
+                        _forget_inherited(env)
+                    self._open()
         return self.env
 
     def _begin(self, **kw: Any) -> lmdb.Transaction:
+        """A transaction on the environment (for tests and tools in this thread)."""
         return _begin(self._env(), **kw)
 
+    # -- threads ----------------------------------------------------------------------------
+
+    def _enter(self) -> lmdb.Environment:
+        """Count a transaction of this thread (call with self._cond held)."""
+        me = threading.get_ident()
+        while self._draining and not self._users.get(me) and not self.closed:
+            self._cond.wait()   # let a waiting commit or close go first
+        env = self._env()
+        self._users[me] = self._users.get(me, 0) + 1
+        return env
+
+    def _leave(self) -> None:
+        with self._cond:
+            me = threading.get_ident()
+            n = self._users.get(me, 0) - 1
+            if n > 0:
+                self._users[me] = n
+            else:
+                self._users.pop(me, None)
+                self._cond.notify_all()
+
+    def _drain(self) -> None:
+        """Wait until no other thread has a transaction of ours open (call with self._cond
+        held). A thread that ended with one open has abandoned it: it is forgotten."""
+        me = threading.get_ident()
+        self._draining += 1
+        try:
+            while True:
+                others = [t for t, n in self._users.items() if t != me and n > 0]
+                if not others:
+                    return
+                alive = {t.ident for t in threading.enumerate()}
+                for t in others:
+                    if t not in alive:
+                        del self._users[t]
+                        if self._pass_thread == t:
+                            self.reader = self.cursor = self._ops = None
+                            self._pass_thread = None
+                self._cond.wait(0.5)
+        finally:
+            self._draining -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def _txn(self, doing: str, db: str | None = None, **kw: Any) -> Iterator[lmdb.Transaction]:
+        """A transaction on the DB named by attribute ``db`` (looked up after _env(), so a
+        forked child uses its own handles), counted for close(); lmdb errors become
+        StoreError saying what to do."""
+        with self._cond:
+            env = self._enter()
+        try:
+            try:
+                with _begin(env, db=getattr(self, db) if db else None, **kw) as txn:
+                    yield txn
+            except lmdb.Error as e:
+                raise _explain(self.path, e, doing) from None
+        finally:
+            self._leave()
+
     def close(self) -> None:
-        self.end_pass()
-        if getattr(self, "env", None) is not None and os.getpid() == self.pid:
-            if self.max_bytes is not None and self.count_run:
-                try:
-                    collect(self, keep_runs=None, max_bytes=self.max_bytes)
-                except StoreError:
-                    pass
-            self.env.close()
-        self.env = None
+        """Commit nothing (the runtime commits first), apply max_bytes, close the environment.
+        From another thread: waits until that thread's transaction or pass has ended.
+        Idempotent."""
+        with self._cond:
+            if self.closed:
+                return
+            self.end_pass()
+            self._drain()
+            try:
+                if self.env is not None and os.getpid() == self.pid:
+                    if self.max_bytes is not None and self.count_run:
+                        try:
+                            collect(self, keep_runs=None, max_bytes=self.max_bytes)
+                        except StoreError:
+                            pass
+                    self.env.close()
+            finally:
+                self.closed = True
+                self.env = None
+                self.reader, self.cursor, self._ops = None, None, None
+                self._cond.notify_all()
 
     # -- reading --------------------------------------------------------------------------
+
+    @property
+    def pass_ops(self) -> tuple | None:
+        """The pass's cursor methods (see pass_cursor), for the thread that began the pass;
+        None for any other (it must call pass_cursor), and in a forked child (the fork
+        handler forgets the pass). Read before every lookup: kept cheap."""
+        if self._pass_thread == threading.get_ident():
+            return self._ops
+        return None
 
     def pass_cursor(self) -> tuple:
         """The methods set_range, key, value and next of a cursor on ``entries`` in the pass's
         read transaction (begun if none is open; see ``end_pass``), also kept as ``pass_ops``
         until the pass ends. The runtime walks it to find an instance's entries; values are
-        bytes (``buffers=False``)."""
-        if self.reader is None:
-            self.reader = self._begin(db=self.entries, buffers=False)   # (adopts a grown map)
-            self.cursor = self.reader.cursor()
+        bytes (``buffers=False``). Only the thread that began the pass may use it: another
+        gets StoreError while it lasts."""
+        me = threading.get_ident()
+        with self._cond:
+            env = self._enter()
+            if self.reader is not None:
+                self._leave()                   # (the pass is counted once)
+                if self._pass_thread == me:
+                    return self._ops
+                raise StoreError(f"store {self.path} is being read by another thread; a "
+                                 f"runtime and its store are used by one thread at a time")
+            try:
+                self.reader = _begin(env, db=self.entries, buffers=False)  # adopts a grown map
+                self.cursor = self.reader.cursor()
+            except lmdb.Error as e:
+                self.reader = self.cursor = None
+                self._leave()
+                raise _explain(self.path, e, "looking up stored values") from None
             c = self.cursor
-            self.pass_ops = (c.set_range, c.key, c.value, c.next)
-        return self.pass_ops
+            self._ops = (c.set_range, c.key, c.value, c.next)
+            self._pass_thread = me
+            return self._ops
 
     def damaged_record(self, key: bytes, why: str) -> None:
         """The record at ``key`` is damaged: warn, and replace it at the next commit."""
@@ -370,44 +502,51 @@ class Store:
         rec = self.pending_nodes.get(ikey)
         if rec is not None:
             return rec
-        with self._begin(db=self.nodes, buffers=False) as txn:
+        with self._txn("reading an LLM node's state", db="nodes", buffers=False) as txn:
             return txn.get(ikey)
 
     def put_node(self, ikey: bytes, record: bytes) -> None:
         self.pending_nodes[ikey] = record
 
     def end_pass(self) -> None:
-        """Close the pass's read transaction (before a commit, and at the end of a pass)."""
-        if self.reader is not None:
-            try:
-                self.reader.abort()
-            except lmdb.Error:
-                pass
-            self.reader = None
-            self.cursor = None
-            self.pass_ops = None
+        """Close the pass's read transaction (before a commit, and at the end of a pass).
+        Only the thread that began the pass ends it; for any other this does nothing."""
+        with self._cond:
+            if self.reader is None or self._pass_thread != threading.get_ident():
+                return
+            reader = self.reader
+            self.reader, self.cursor, self._ops = None, None, None
+            self._pass_thread = None
+            if os.getpid() == self.pid:
+                try:
+                    reader.abort()
+                except lmdb.Error:
+                    pass
+            self._leave()
 
     def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
         """Every entry: (key, record or None if damaged, size in bytes)."""
         from incr._core import read_record
-        with self._begin(db=self.entries, buffers=False) as txn:
-            for k, v in txn.cursor():
-                try:
-                    rec = read_record(v).as_dict()
-                except ValueError:
-                    rec = None
-                yield k, rec, len(v)
+        with self._txn("reading its entries", db="entries", buffers=False) as txn:
+            items = list(txn.cursor())
+        for k, v in items:
+            try:
+                rec = read_record(v).as_dict()
+            except ValueError:
+                rec = None
+            yield k, rec, len(v)
 
     def iter_nodes(self) -> Iterator[tuple[bytes, bytes]]:
         """Every saved LLM node state: (instance key, raw record)."""
-        with self._begin(db=self.nodes, buffers=False) as txn:
-            yield from txn.cursor()
+        with self._txn("reading its LLM node states", db="nodes", buffers=False) as txn:
+            items = list(txn.cursor())
+        yield from items
 
     def usage(self) -> dict[bytes, tuple[int, int]]:
         """Entry key -> (hits, last run that wrote or hit it): ``used`` plus the log."""
         by_tag: dict[bytes, tuple[int, int]] = {}
         out = {}
-        with self._begin(buffers=False) as txn:
+        with self._txn("reading its usage", buffers=False) as txn:
             for k, v in txn.cursor(db=self.used):
                 by_tag[k] = _usage(v)
             for run, hit, tags in _log_entries(txn, self.log):
@@ -422,7 +561,7 @@ class Store:
 
     def fold(self) -> None:
         """Fold the log into ``used`` (one write transaction)."""
-        with self._begin(write=True) as txn:
+        with self._txn("folding its usage log", write=True) as txn:
             self._fold(txn)
 
     def _log_is_full(self, txn: lmdb.Transaction) -> bool:
@@ -460,13 +599,36 @@ class Store:
         """Count one hit of the entry ``key`` (the runtime appends to ``hit_tags`` itself)."""
         self.hit_tags += usage_tag(key)
 
+    def _buffered(self) -> bool:
+        return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes)
+
     def commit(self) -> None:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
-        earlier commits intact) if the disk is full or the store refuses the write."""
-        self.end_pass()
-        if not self.pending and not self.hit_tags and not self.damaged and not self.pending_nodes:
-            return
-        env = self._env()
+        earlier commits intact) if the disk or the map is full, the store refuses the write or
+        it is closed. Waits until other threads' transactions (a pass) have ended."""
+        with self._cond:
+            self.end_pass()
+            if not self._buffered():
+                return
+            if self.closed:
+                lost = len(self.pending) + len(self.pending_nodes)
+                self.pending, self.pending_nodes = {}, {}
+                self.hit_tags, self.damaged = bytearray(), set()
+                raise StoreError(f"store {self.path} is closed (rt.close() was called, perhaps "
+                                 f"by another thread); {lost} results computed since then were "
+                                 f"not saved")
+            self._drain()
+            env = self._env()    # (reopened in a forked child: the parent's buffers dropped)
+            if not self._buffered():
+                return
+            me = threading.get_ident()
+            self._users[me] = self._users.get(me, 0) + 1
+            try:
+                self._write(env)
+            finally:
+                self._leave()
+
+    def _write(self, env: lmdb.Environment) -> None:
         pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
         nodes = self.pending_nodes
         self.pending, self.hit_tags, self.damaged, self.pending_nodes = {}, bytearray(), set(), {}
@@ -500,7 +662,8 @@ class Store:
                 self.seq = seq
                 return
             except lmdb.MapFullError:
-                # grow from a quiescent point: our transaction is aborted, none is open
+                # grow from a quiescent point: our transaction is aborted, and no other thread
+                # has one open (commit drained them)
                 try:
                     env.set_mapsize(env.info()["map_size"] * 2)
                 except lmdb.Error as e:
@@ -516,7 +679,7 @@ class Store:
 
     def delete(self, keys: list[bytes]) -> int:
         n = 0
-        with self._begin(write=True) as txn:
+        with self._txn("dropping entries", write=True) as txn:
             for k in keys:
                 n += bool(txn.delete(k, db=self.entries))
                 txn.delete(usage_tag(k), db=self.used)   # (fold first: see collect)
@@ -647,3 +810,4 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
         store.delete(sorted(drop))
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
             "bytes_freed": freed, "latest_run": latest}
+

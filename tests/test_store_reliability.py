@@ -88,6 +88,134 @@ def _make_add(inp):
     return add
 
 
+# --- 9: close() from another thread while the owner computes ---------------------------------
+
+CLOSE_RACE = r"""
+import json, os, sys, tempfile, threading
+import incr
+
+base = sys.argv[1]
+seen = {}          # exception type name -> [count, is an IncrError]
+
+def note(e):
+    s = seen.setdefault(type(e).__name__, [0, isinstance(e, incr.IncrError)])
+    s[0] += 1
+
+for it in range(int(sys.argv[2])):
+    rt = incr.Runtime(store=os.path.join(base, f"s{it % 3}"))
+    x = rt.input("x", it)
+
+    @incr.cell
+    def leaf(k):
+        return x.get() + k
+
+    @incr.cell
+    def top():
+        return sum(leaf(k) for k in range(50))
+
+    rt.observe(top)
+    go = threading.Event()
+
+    def closer():
+        go.wait()
+        try:
+            rt.close()
+        except BaseException as e:
+            note(e)
+
+    t = threading.Thread(target=closer)
+    t.start()
+    try:
+        for r in range(4):
+            if r == 1:
+                go.set()
+            x.set(it * 10 + r)
+            rt.stabilize()
+            with rt:
+                top()
+    except BaseException as e:
+        note(e)
+    finally:
+        go.set()
+        t.join()
+        rt.close()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.hang_limit(240)
+def test_close_from_another_thread_while_stabilizing_never_crashes(tmp_path):
+    # 200 runtimes, each closed by a second thread while the first stabilizes and demands.
+    # On a tmpfs when there is one: the commits' fsyncs are not what this tests
+    import tempfile
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(dir=shm or tmp_path) as base:
+        code, out, err = _child(CLOSE_RACE, base, 200, timeout=200)
+    assert code == 0, f"the child died with {code} (-11 is SIGSEGV)\n{err[-3000:]}"
+    seen = json.loads(out.strip().splitlines()[-1])
+    wrong = {name: s for name, s in seen.items() if not s[1]}
+    assert not wrong, f"errors that are not incr.IncrError: {wrong}\n{err[-3000:]}"
+
+
+def test_store_close_from_another_thread_waits_for_the_pass(tmp_path):
+    # the owner of a pass keeps using its cursor while another thread closes the store; the
+    # close completes only once the pass ends, and the owner's next store call is a StoreError
+    path = tmp_path / "store"
+    s = Store(path)
+    s.put(b"x" * 17 + b"t" * 16, b"not a record, never read as one")
+    s.commit()
+    events = []
+    closing = threading.Event()
+
+    def closer():
+        closing.set()
+        s.close()
+        events.append("closed")
+
+    set_range, key, _value, _next = s.pass_cursor()
+    t = threading.Thread(target=closer)
+    t.start()
+    closing.wait()
+    time.sleep(0.2)                      # (close() gets the chance to run, if it would)
+    for _ in range(1000):               # the cursor is still sound while close() waits
+        assert set_range(b"x")
+        assert key() == b"x" * 17 + b"t" * 16
+    events.append("used the cursor")
+    s.end_pass()
+    t.join(60)
+    assert events == ["used the cursor", "closed"]
+    with pytest.raises(incr.StoreError, match="closed"):
+        s.pass_cursor()
+    with pytest.raises(incr.StoreError, match="closed"):
+        s.node(b"k" * 17)
+    s.put(b"y" * 33, b"z")
+    with pytest.raises(incr.StoreError, match=str(path)):
+        s.commit()
+
+
+def test_store_pass_is_used_only_by_the_thread_that_began_it(tmp_path):
+    s = Store(tmp_path / "store")
+    try:
+        mine = s.pass_cursor()
+        seen = {}
+
+        def other():
+            seen["ops"] = s.pass_ops
+            try:
+                s.pass_cursor()
+            except incr.StoreError as e:
+                seen["error"] = str(e)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(60)
+        assert seen["ops"] is None and "another thread" in seen["error"], seen
+        assert s.pass_ops == mine
+        s.end_pass()
+    finally:
+        s.close()
+
+
 # --- 10: a full file system ------------------------------------------------------------------
 
 OPEN_STORE = r"""
@@ -203,3 +331,124 @@ def test_lmdb_errors_are_explained(tmp_path, monkeypatch):
               lmdb.PageNotFoundError("mdb_cursor_get: MDB_PAGE_NOTFOUND")):
         msg = str(store_mod._explain(path, e, "reading"))
         assert "damaged" in msg and f"delete {path}" in msg, msg
+
+
+# --- 11: fork -----------------------------------------------------------------------------------
+
+def _in_child(fn):
+    """Run fn() in a fork()ed child; its JSON result (or the error it raised)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = fn()
+            out["warnings"] = [str(c.message) for c in caught
+                               if issubclass(c.category, DamagedRecordWarning)]
+            os.write(w, json.dumps(out).encode())
+            code = 0
+        except BaseException as e:
+            try:
+                os.write(w, json.dumps({"error": repr(e)}).encode())
+            except BaseException:
+                pass
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        result = json.loads(f.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, result
+    return result
+
+
+def test_forked_child_takes_values_from_the_store_on_its_first_lookup(tmp_path):
+    path = tmp_path / "store"
+    rt0 = incr.Runtime(store=path)
+    add = _make_add(rt0.input("x", 10))
+    with rt0:
+        assert add(1) == 11
+    rt0.close()
+    _RAN.clear()
+    rt = incr.Runtime(store=path)        # add(1) is in the store, not in rt's memory
+    try:
+        add = _make_add(rt.input("x", 10))
+
+        def child():
+            with rt:
+                v = add(1)
+            return {"add1": v, "ran": list(_RAN), "hits": rt.stats()["store_hits"]}
+
+        assert _in_child(child) == {"add1": 11, "ran": [], "hits": 1, "warnings": []}
+        with rt:                         # the parent still works, from the store too
+            assert add(1) == 11
+            assert add(2) == 12
+        assert _RAN == ["add(2)"] and rt.stats()["store_hits"] == 1
+    finally:
+        rt.close()
+
+
+def test_forked_child_can_use_every_store_entry_point(tmp_path):
+    s = Store(tmp_path / "store")
+    try:
+        s.put(b"k" * 33, b"v")
+        s.commit()
+
+        def child():
+            out = {"node": s.node(b"n" * 17), "records": len(list(s.iter_records()))}
+            out["cursor"] = bool(s.pass_cursor()[0](b"k"))
+            s.end_pass()
+            s.put(b"c" * 33, b"from the child")
+            s.commit()
+            return out
+
+        assert _in_child(child) == {"node": None, "records": 1, "cursor": True,
+                                    "warnings": []}
+        assert len(list(s.iter_records())) == 2       # the parent sees the child's commit
+    finally:
+        s.close()
+
+
+# --- 14: clear errors -------------------------------------------------------------------------
+
+@incr.cell(version="1")
+def _padded(k):
+    return "p" * 300 + str(k)
+
+
+def _damage_branch_pages(path):
+    """Point every child of every LMDB branch page past the end of the data: a tree walk then
+    meets MDB_PAGE_NOTFOUND (LMDB checks page numbers against the last page it wrote)."""
+    data = os.path.join(path, "data.mdb")
+    page = os.sysconf("SC_PAGESIZE")
+    buf = bytearray(open(data, "rb").read())
+    n = 0
+    for off in range(2 * page, len(buf), page):        # after the two meta pages
+        flags = struct.unpack_from("<H", buf, off + 10)[0]
+        if flags & 0x01:                                # P_BRANCH
+            lower = struct.unpack_from("<H", buf, off + 12)[0]
+            for i in range((lower - 16) // 2):
+                node = struct.unpack_from("<H", buf, off + 16 + 2 * i)[0]
+                struct.pack_into("<HHH", buf, off + node, 0xFFFF, 0xFFFF, 0x00FF)
+            n += 1
+    assert n, "no branch page: the store is too small to damage this way"
+    with open(data, "r+b") as f:
+        f.write(buf)
+
+
+def test_cli_on_damaged_lmdb_pages_prints_one_line_and_what_to_do(tmp_path):
+    path = tmp_path / "store"
+    rt = incr.Runtime(store=path)
+    with rt:
+        for k in range(300):
+            _padded(k)
+    rt.close()
+    _damage_branch_pages(path)
+    for cmd in ("inspect", "gc", "graph"):
+        code, out, err = _cli(cmd, path)
+        assert code == 1, (cmd, code, out, err)
+        assert "Traceback" not in err and err.count("\n") == 1, (cmd, err)
+        assert str(path) in err and "damaged" in err and "delete" in err, (cmd, err)
