@@ -135,9 +135,13 @@ def demo(store: str | None = ".incr", as_json: bool = False, out=None) -> int:
 
 
 def _open_store(path: str):
+    """The store at ``path`` for reading and gc; never creates one (StoreError if none)."""
     from incr.store import Store
 
-    return Store(path, count_run=False, create=False)
+    try:
+        return Store(path, count_run=False, create=False)
+    except ValueError as e:   # an empty path
+        raise incr.StoreError(str(e)) from None
 
 
 def inspect_cmd(path: str, as_json: bool, out) -> int:

@@ -1,6 +1,6 @@
 """LMDB persistence (internal; the one place that knows LMDB).
 
-Layout of a store directory (owner-only: the directory is 0700, the files 0600):
+Layout of a store directory (a directory incr creates is 0700; the files are 0600):
 
 - ``meta``    format version, creation time, run counter;
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import struct
 import threading
 import time
@@ -162,6 +163,25 @@ def _fs_type(path: str) -> str | None:
     return fstype
 
 
+def store_path(path: Any) -> str:
+    """The absolute path of a store given as ``store=``: a str, bytes (os.fsdecode) or
+    os.PathLike. TypeError for anything else; ValueError for an empty path ("" or Path(""),
+    which is "."), which would make the current directory a store."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"store must be a path (str, bytes or os.PathLike), got "
+                        f"{type(path).__name__}: {path!r:.80}") from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if p in ("", "."):
+        raise ValueError(f"store must name a directory of its own, got {path!r} (the current "
+                         f"directory); for example store='.incr'")
+    if "\0" in p:
+        raise ValueError(f"store path {p!r} contains a NUL character")
+    return os.path.abspath(p)
+
+
 def _existing_ancestor(path: str) -> str:
     while not os.path.exists(path):
         parent = os.path.dirname(path)
@@ -232,7 +252,7 @@ class Store:
 
     def __init__(self, path: Any, *, max_bytes: int | None = None, count_run: bool = True,
                  create: bool = True):
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = store_path(path)
         self.max_bytes = max_bytes
         self.count_run = count_run
         self.create = create
@@ -256,6 +276,7 @@ class Store:
 
     def _open(self) -> None:
         path = self.path
+        parent = os.path.dirname(path) or "."
         fs = _fs_type(_existing_ancestor(path))
         if fs in NETWORK_FS or (fs or "").startswith("fuse.sshfs"):
             raise StoreError(
@@ -271,22 +292,34 @@ class Store:
                 f"store {path}: only {free} bytes free on its file system; incr needs at "
                 f"least {MIN_FREE} to open a store. Free some space there, or choose a store "
                 f"on another file system.")
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot create store directory {path}: {e.strerror}. Choose a "
-                             f"writable location.") from None
+        created = False
+        if self.create:
+            try:
+                if parent and not os.path.isdir(parent):
+                    os.makedirs(parent, exist_ok=True)
+                os.mkdir(path, 0o700)
+                created = True
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise StoreError(f"cannot create store directory {path}: {e.strerror}. Choose "
+                                 f"a writable location.") from None
         if not os.path.isdir(path):
             raise StoreError(f"store path {path} exists and is not a directory")
-        try:
-            st = os.stat(path)
-            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        if created:   # only a directory incr made is made owner-only (whatever the umask)
+            try:
                 os.chmod(path, 0o700)
-        except OSError:
-            pass
-        if not os.access(path, os.W_OK):
-            raise StoreError(f"store {path} is read-only for this user; incr needs to write "
-                             f"its lock and data files there")
+            except OSError:
+                pass
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError as e:
+            raise StoreError(f"cannot use store directory {path}: {e.strerror}") from None
+        # root writes anywhere: a directory nobody may write to is read-only for it too
+        if not os.access(path, os.W_OK) or not mode & 0o222:
+            raise StoreError(f"store directory {path} is not writable (mode {mode:04o}); incr "
+                             f"writes its lock and data files there. Make it writable "
+                             f"(chmod u+w) or choose another directory.")
         self._open_env(path)
 
     def _open_env(self, path: str) -> None:

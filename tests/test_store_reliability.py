@@ -412,6 +412,52 @@ def test_forked_child_can_use_every_store_entry_point(tmp_path):
         s.close()
 
 
+# --- 12: paths ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("empty", ["", b"", Path("")], ids=["str", "bytes", "Path"])
+def test_empty_store_path_is_a_value_error(tmp_path, monkeypatch, empty):
+    monkeypatch.chdir(tmp_path)
+    os.chmod(tmp_path, 0o755)
+    with pytest.raises(ValueError, match="store"):
+        incr.Runtime(store=empty)
+    assert os.listdir(tmp_path) == [] and stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o755
+
+
+@pytest.mark.parametrize("bad", [5, 2.5, ["a"], object()])
+def test_store_path_of_another_type_is_a_type_error_naming_the_argument(bad):
+    with pytest.raises(TypeError, match="store"):
+        incr.Runtime(store=bad)
+
+
+def test_bytes_store_path_is_accepted(tmp_path):
+    path = tmp_path / "store"
+    rt = incr.Runtime(store=os.fsencode(path))
+    add = _make_add(rt.input("x", 1))
+    with rt:
+        assert add(1) == 2
+    rt.close()
+    rt = incr.Runtime(store=str(path))
+    add = _make_add(rt.input("x", 1))
+    with rt:
+        assert add(1) == 2
+    assert rt.stats()["store_hits"] == 1
+    rt.close()
+
+
+def test_read_only_directory_is_refused_and_left_alone(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    os.chmod(d, 0o555)
+    try:
+        with pytest.raises(incr.StoreError) as excinfo:
+            incr.Runtime(store=d)
+        assert str(d) in str(excinfo.value) and "not writable" in str(excinfo.value)
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o555
+        assert os.listdir(d) == []
+    finally:
+        os.chmod(d, 0o700)
+
+
 # --- 14: clear errors -------------------------------------------------------------------------
 
 @incr.cell(version="1")
