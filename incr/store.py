@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import os
 import stat
 import struct
@@ -123,11 +124,16 @@ def _forget_inherited(env: Any) -> None:
 
 
 _live: "weakref.WeakSet[Store]" = weakref.WeakSet()
+_registry_lock = threading.RLock()
+_open_stores: "dict[str, weakref.ref[Store]]" = {}   # realpath -> the Store that has it open
 
 
 def _after_fork_in_child() -> None:
     # forget every inherited environment at once, so that a child can open any store anew
     # (its own Runtime on the same path, or the parent's Runtime, reopened on first use)
+    global _registry_lock
+    _registry_lock = threading.RLock()     # a parent thread may have held it: not ours
+    _open_stores.clear()
     for s in list(_live):
         s._forget_after_fork()
 
@@ -241,6 +247,33 @@ def _explain(path: str, e: BaseException, doing: str, need: int = 0) -> StoreErr
     return StoreError(f"store {path}: {doing} failed: {text}")
 
 
+def _holder(path: str) -> "Store | None":
+    """The Store of this process that has ``path`` open, if any (call with _registry_lock)."""
+    key = os.path.realpath(path)
+    ref = _open_stores.get(key)
+    s = ref() if ref is not None else None
+    if s is None or s.env is None or s.closed:
+        return None
+    return s
+
+
+def _refuse_if_open(path: str, me: "Store | None" = None) -> None:
+    """StoreError if another Store of this process has ``path`` open (LMDB must not be opened
+    twice in a process); one that only a dropped Runtime still holds is collected first, so
+    running ``rt = Runtime(store=p)`` again works once the old runtime is unreachable. Call
+    with _registry_lock held."""
+    other = _holder(path)
+    if other is not None and other is not me:
+        del other
+        gc.collect()                             # a dropped Runtime in a reference cycle
+        other = _holder(path)
+    if other is not None and other is not me:
+        raise StoreError(
+            f"store {path} is already open in this process by another Runtime (or cache); "
+            f"call .close() on it (rt.close()) before opening the store again, or use "
+            f"another directory")
+
+
 class Store:
     """An open LMDB store. One per runtime; reopened transparently after ``fork()``.
 
@@ -282,8 +315,9 @@ class Store:
             raise StoreError(
                 f"store {path} is on a network file system ({fs}); LMDB's locks do not work "
                 f"there. Put the store on a local disk.")
-        if not self.create and not os.path.isdir(path):
-            raise StoreError(f"there is no incr store at {path}")
+        if not self.create and not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise StoreError(f"there is no incr store at {path} (no data.mdb); give the "
+                             f"directory a Runtime(store=...) wrote")
         # LMDB maps its lock file and grows sparse files: on a full file system touching
         # them is a SIGBUS, so refuse before LMDB (or anything) writes
         free = _free_bytes(path)
@@ -320,7 +354,10 @@ class Store:
             raise StoreError(f"store directory {path} is not writable (mode {mode:04o}); incr "
                              f"writes its lock and data files there. Make it writable "
                              f"(chmod u+w) or choose another directory.")
-        self._open_env(path)
+        with _registry_lock:
+            _refuse_if_open(path, self)
+            self._open_env(path)
+            _open_stores[os.path.realpath(path)] = weakref.ref(self)
 
     def _open_env(self, path: str) -> None:
         size = INITIAL_MAP
@@ -483,6 +520,11 @@ class Store:
                 self.closed = True
                 self.env = None
                 self.reader, self.cursor, self._ops = None, None, None
+                with _registry_lock:
+                    key = os.path.realpath(self.path)
+                    ref = _open_stores.get(key)
+                    if ref is not None and ref() in (self, None):
+                        del _open_stores[key]
                 self._cond.notify_all()
 
     # -- reading --------------------------------------------------------------------------

@@ -498,3 +498,69 @@ def test_cli_on_damaged_lmdb_pages_prints_one_line_and_what_to_do(tmp_path):
         assert code == 1, (cmd, code, out, err)
         assert "Traceback" not in err and err.count("\n") == 1, (cmd, err)
         assert str(path) in err and "damaged" in err and "delete" in err, (cmd, err)
+
+
+@pytest.mark.parametrize("what", ["empty directory", "missing directory"])
+def test_inspect_where_there_is_no_store_creates_nothing(tmp_path, what):
+    path = tmp_path / "nothing"
+    if what == "empty directory":
+        path.mkdir()
+    for cmd in ("inspect", "gc", "graph"):
+        code, _out, err = _cli(cmd, path)
+        assert code == 1 and f"no incr store at {path}" in err, (cmd, err)
+        assert "Traceback" not in err
+    if what == "empty directory":
+        assert os.listdir(path) == []
+    else:
+        assert not path.exists()
+
+
+def test_second_runtime_on_a_path_a_live_runtime_holds_is_a_clear_error(tmp_path):
+    path = tmp_path / "store"
+    rt = incr.Runtime(store=path)
+    add = _make_add(rt.input("x", 1))
+    with rt:
+        assert add(1) == 2
+    with pytest.raises(incr.StoreError) as excinfo:
+        incr.Runtime(store=path)
+    msg = str(excinfo.value)
+    assert str(path) in msg and "already open in this process" in msg and ".close()" in msg, msg
+    with rt:                                  # the first one is untouched
+        assert add(2) == 3
+    rt.close()
+    rt2 = incr.Runtime(store=path)            # and once closed, the path is free
+    rt2.close()
+
+
+def _forgotten_runtime(path):
+    """A runtime, used and then dropped without close(): its inputs and cells refer back to
+    it, so only the cycle collector can free it (the notebook cell run a second time)."""
+    rt = incr.Runtime(store=path)
+    add = _make_add(rt.input("x", 1))
+    with rt:
+        assert add(1) == 2
+    return [s for s in store_mod._live if s.path == str(path)]
+
+
+def test_second_runtime_takes_over_from_a_dropped_one(tmp_path):
+    import weakref
+    path = tmp_path / "store"
+    gc.disable()                              # the drop must not be collected before the open
+    try:
+        stores = _forgotten_runtime(path)
+        assert len(stores) == 1
+        old = weakref.ref(stores[0])
+        del stores
+        assert old() is not None, "the dropped runtime was freed already: nothing to test"
+        rt = incr.Runtime(store=path)
+    finally:
+        gc.enable()
+    try:
+        assert old() is None
+        add = _make_add(rt.input("x", 1))
+        _RAN.clear()
+        with rt:
+            assert add(1) == 2                # what the dropped one committed is there
+        assert _RAN == [] and rt.stats()["store_hits"] == 1
+    finally:
+        rt.close()
