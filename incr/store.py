@@ -1,6 +1,8 @@
 """LMDB persistence (internal; the one place that knows LMDB).
 
-Layout of a store directory (a directory incr creates is 0700; the files are 0600):
+Layout of a store directory (a directory incr creates is 0700; the files are 0600; LMDB's
+``data.mdb`` and ``lock.mdb``, and ``incr.lock``, which every open Store holds a shared flock on
+and ``compact`` an exclusive one):
 
 - ``meta``    format version, creation time, run counter;
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import gc
 import os
 import stat
@@ -67,6 +70,7 @@ KIND_CELL = 1
 KIND_NODE = 2
 INITIAL_MAP = 64 << 20
 MIN_FREE = 1 << 20                # bytes free on its file system to open a store (see _open)
+LOCK_FILE = "incr.lock"           # flock: shared by every open Store, exclusive to compact
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs",
               "fuse.sshfs", "lustre", "gpfs", "davfs", "ncpfs", "coda"}
 
@@ -234,7 +238,7 @@ def _explain(path: str, e: BaseException, doing: str, need: int = 0) -> StoreErr
     if isinstance(e, lmdb.MapFullError) or "MDB_MAP_FULL" in text:
         return StoreError(
             f"store {path}: the LMDB map is full and could not grow while {doing} ({text}); "
-            f"earlier results are intact. Run `incr gc {path}`, or bound the store "
+            f"earlier results are intact. Run `incr gc {path} --compact`, or bound the store "
             f"with Runtime(store=..., max_bytes=...).")
     if isinstance(e, _DAMAGE):
         return StoreError(
@@ -245,6 +249,17 @@ def _explain(path: str, e: BaseException, doing: str, need: int = 0) -> StoreErr
         return StoreError(f"store {path} is read-only ({text}); incr needs to write there. "
                           f"Use a writable location.")
     return StoreError(f"store {path}: {doing} failed: {text}")
+
+
+def _lock_file(path: str) -> int:
+    """The descriptor of the store's ``incr.lock`` (created if missing): every open Store holds
+    a shared flock on it, compaction an exclusive one."""
+    try:
+        return os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                       0o600)
+    except OSError as e:
+        raise StoreError(f"store {path}: cannot open its lock file {LOCK_FILE} "
+                         f"({e.strerror}); incr needs to write in {path}") from None
 
 
 def _holder(path: str) -> "Store | None":
@@ -303,6 +318,7 @@ class Store:
         self._users: dict[int, int] = {} # thread ident -> transactions of ours it has open
         self._pass_thread: int | None = None
         self._draining = 0               # commit/close waiting for other threads' transactions
+        self._unlock = None              # releases the shared flock on incr.lock
         self._open()
 
     # -- opening --------------------------------------------------------------------------
@@ -356,7 +372,17 @@ class Store:
                              f"(chmod u+w) or choose another directory.")
         with _registry_lock:
             _refuse_if_open(path, self)
-            self._open_env(path)
+            fd = _lock_file(path)
+            self._unlock = weakref.finalize(self, os.close, fd)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH)  # waits while `incr gc --compact` runs
+                except OSError as e:
+                    raise StoreError(f"store {path}: cannot lock {LOCK_FILE} ({e.strerror})")
+                self._open_env(path)
+            except BaseException:
+                self._unlock()
+                raise
             _open_stores[os.path.realpath(path)] = weakref.ref(self)
 
     def _open_env(self, path: str) -> None:
@@ -411,6 +437,8 @@ class Store:
         self.reader, self.cursor, self._ops = None, None, None
         self._cond = threading.Condition(threading.RLock())
         self._users, self._pass_thread, self._draining = {}, None, 0
+        if self._unlock is not None:
+            self._unlock()   # our copy of the descriptor: the parent's lock stays
         if env is not None:
             _forget_inherited(env)
 
@@ -432,6 +460,8 @@ class Store:
                         env, self.env = self.env, None
                         self.reader, self.cursor, self._ops = None, None, None
                         self._pass_thread = None
+                        if self._unlock is not None:
+                            self._unlock()
                         _forget_inherited(env)
                     self._open()
         return self.env
@@ -525,6 +555,8 @@ class Store:
                     ref = _open_stores.get(key)
                     if ref is not None and ref() in (self, None):
                         del _open_stores[key]
+                if self._unlock is not None:
+                    self._unlock()
                 self._cond.notify_all()
 
     # -- reading --------------------------------------------------------------------------
@@ -886,3 +918,65 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
             "bytes_freed": freed, "latest_run": latest}
 
+
+def compact(path: Any) -> tuple[int, int]:
+    """Give the pages gc freed back to the file system: LMDB's compacting copy of the store
+    into a temporary file in its directory, fsynced, then renamed over ``data.mdb`` (atomic: a
+    crash leaves the old file or the new one, never a mix). Returns the sizes of data.mdb
+    (before, after).
+
+    Only while no process has the store open: every Store holds a shared flock on its
+    ``incr.lock`` while open, and this takes it exclusively, so it is refused (StoreError)
+    while another runtime (this process's included) has the store open, and a runtime that
+    opens the store meanwhile waits until the compaction is done."""
+    p = store_path(path)
+    data = os.path.join(p, "data.mdb")
+    if not os.path.isfile(data):
+        raise StoreError(f"there is no incr store at {p} (no data.mdb)")
+    with _registry_lock:
+        _refuse_if_open(p)
+        fd = _lock_file(p)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreError(
+                    f"store {p} is open in another process; compacting needs it to itself. "
+                    f"Close the runtimes that use it (or let them end) and run "
+                    f"`incr gc {p} --compact` again.") from None
+            return _compact_locked(p, data)
+        finally:
+            os.close(fd)   # (releases the lock)
+
+
+def _compact_locked(path: str, data: str) -> tuple[int, int]:
+    before = os.path.getsize(data)
+    for name in os.listdir(path):           # what a compaction killed midway left behind
+        if name.startswith("data.mdb.compact-"):
+            os.unlink(os.path.join(path, name))
+    tmp = os.path.join(path, f"data.mdb.compact-{os.getpid()}")
+    try:
+        env = lmdb.open(path, map_size=max(INITIAL_MAP, 2 * before), max_dbs=8, subdir=True,
+                        readahead=False, create=False)
+    except lmdb.Error as e:
+        raise _explain(path, e, "opening it to compact it") from None
+    try:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            env.copyfd(out, compact=True)
+            os.fsync(out)
+        finally:
+            os.close(out)
+    except (lmdb.Error, OSError) as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _explain(path, e, "compacting it", need=before) from None
+    finally:
+        env.close()
+    os.replace(tmp, data)
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)                        # the rename itself is durable
+    finally:
+        os.close(dfd)
+    return before, os.path.getsize(data)

@@ -564,3 +564,89 @@ def test_second_runtime_takes_over_from_a_dropped_one(tmp_path):
         assert _RAN == [] and rt.stats()["store_hits"] == 1
     finally:
         rt.close()
+
+
+# --- 16: compaction ---------------------------------------------------------------------------
+
+@incr.cell(version="1")
+def _bulky(k):
+    return bytes([k % 256]) * 20_000
+
+
+@incr.cell(version="1")
+def _small(k):
+    _RAN.append(f"small({k})")
+    return k * 2
+
+
+HOLD = r"""
+import sys
+import incr
+rt = incr.Runtime(store=sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+rt.close()
+"""
+
+
+def test_gc_compact_shrinks_the_data_file_and_keeps_values(tmp_path):
+    path = tmp_path / "store"
+    rt = incr.Runtime(store=path)
+    with rt:
+        for k in range(200):
+            _bulky(k)                         # about 4 MB, unreachable after the next run
+        assert _small(1) == 2
+    rt.close()
+    rt = incr.Runtime(store=path)             # the latest run takes only _small(1)
+    with rt:
+        assert _small(1) == 2
+    rt.close()
+    data = path / "data.mdb"
+    code, out, err = _cli("gc", path, "--json")
+    assert code == 0 and json.loads(out)["dropped"] == 200, (out, err)
+    before = data.stat().st_size                # gc alone frees pages, the file keeps them
+    assert before > 4_000_000
+    code, out, err = _cli("gc", path, "--compact", "--json")
+    assert code == 0, err
+    after = data.stat().st_size
+    assert after < before // 10, (before, after)
+    assert json.loads(out)["compacted"] == {"before": before, "after": after}
+    assert stat.S_IMODE(data.stat().st_mode) == 0o600
+    assert not [f for f in os.listdir(path) if f.startswith("data.mdb.")]
+    _RAN.clear()
+    rt = incr.Runtime(store=path)             # the values are still served
+    with rt:
+        assert _small(1) == 2
+    assert _RAN == [] and rt.stats()["store_hits"] == 1
+    rt.close()
+
+
+@pytest.mark.hang_limit(120)
+def test_gc_compact_is_refused_while_another_process_has_the_store_open(tmp_path):
+    path = tmp_path / "store"
+    rt = incr.Runtime(store=path)
+    with rt:
+        for k in range(50):
+            _bulky(k)
+    rt.close()
+    data = path / "data.mdb"
+    before = (data.stat().st_ino, data.stat().st_size)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
+        code, out, err = _cli("gc", path, "--keep-runs", "5", "--compact")
+        assert code == 1, (out, err)
+        assert str(path) in err and "open in another process" in err, err
+        assert "Traceback" not in err
+        assert (data.stat().st_ino, data.stat().st_size) == before
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(60) == 0, holder.stderr.read()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    code, out, err = _cli("gc", path, "--keep-runs", "5", "--compact")
+    assert code == 0, err
+    assert data.stat().st_ino != before[0]
