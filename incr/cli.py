@@ -135,9 +135,13 @@ def demo(store: str | None = ".incr", as_json: bool = False, out=None) -> int:
 
 
 def _open_store(path: str):
+    """The store at ``path`` for reading and gc; never creates one (StoreError if none)."""
     from incr.store import Store
 
-    return Store(path, count_run=False, create=False)
+    try:
+        return Store(path, count_run=False, create=False)
+    except ValueError as e:   # an empty path
+        raise incr.StoreError(str(e)) from None
 
 
 def inspect_cmd(path: str, as_json: bool, out) -> int:
@@ -280,14 +284,17 @@ def graph_cmd(path: str, fmt: str, output: str | None, out) -> int:
 
 
 def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_json: bool,
-           out) -> int:
-    from incr.store import collect
+           out, compact: bool = False) -> int:
+    from incr.store import collect, compact as compact_store
 
     store = _open_store(path)
     try:
         result = collect(store, keep_runs=keep_runs, max_bytes=max_bytes, dry_run=dry_run)
     finally:
         store.close()
+    if compact and not dry_run:   # (after close: compacting needs the store to itself)
+        before, after = compact_store(path)
+        result["compacted"] = {"before": before, "after": after}
     if as_json:
         json.dump(result, out, indent=2)
         out.write("\n")
@@ -296,6 +303,9 @@ def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_j
     out.write(f"{path}: {verb} {result['dropped']} of {result['entries']} entries "
               f"({result['bytes_freed']} bytes); kept {result['kept']} reachable from the "
               f"latest {keep_runs} run(s)\n")
+    if "compacted" in result:
+        c = result["compacted"]
+        out.write(f"{path}: compacted data.mdb from {c['before']} to {c['after']} bytes\n")
     return 0
 
 
@@ -330,6 +340,9 @@ def main(argv=None) -> int:
     p_gc.add_argument("--max-bytes", type=int, default=None, metavar="B",
                       help="then drop least recently used entries until under B bytes")
     p_gc.add_argument("--dry-run", action="store_true")
+    p_gc.add_argument("--compact", action="store_true",
+                      help="then shrink data.mdb to what it holds (not with --dry-run; "
+                           "refused while another process has the store open)")
     p_gc.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     out = sys.stdout
@@ -349,9 +362,17 @@ def main(argv=None) -> int:
             if args.keep_runs < 1:
                 parser.error("--keep-runs must be at least 1")
             return gc_cmd(args.store, args.keep_runs, args.max_bytes, args.dry_run, args.json,
-                          out)
+                          out, compact=args.compact)
     except incr.StoreError as e:
         print(f"incr {args.command}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:   # an lmdb error the store did not explain: still one line
+        import lmdb
+        if not isinstance(e, lmdb.Error):
+            raise
+        from incr.store import _explain
+        print(f"incr {args.command}: {_explain(getattr(args, 'store', '?'), e, args.command)}",
+              file=sys.stderr)
         return 1
     parser.print_help()
     return 2

@@ -1,6 +1,8 @@
 """LMDB persistence (internal; the one place that knows LMDB).
 
-Layout of a store directory (owner-only: the directory is 0700, the files 0600):
+Layout of a store directory (a directory incr creates is 0700; the files are 0600; LMDB's
+``data.mdb`` and ``lock.mdb``, and ``incr.lock``, which every open Store holds a shared flock on
+and ``compact`` an exclusive one):
 
 - ``meta``    format version, creation time, run counter;
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
@@ -35,17 +37,24 @@ Writes are buffered by the runtime and committed in one write transaction per to
 or stabilization (``commit``); the first writer of an entry wins (``overwrite=False``), so
 processes that compute the same entry end with the same stored value.
 
-Invariants: every committed record decodes; a reader never sees half a commit (LMDB's MVCC).
+Invariants: every committed record decodes; a reader never sees half a commit (LMDB's MVCC);
+no thread uses a handle that another thread closed (see ``Store``); a forked child uses only
+handles it opened itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import gc
 import os
-import weakref
+import stat
 import struct
+import threading
 import time
 import warnings
+import weakref
 from collections import Counter
 from typing import Any, Iterator
 
@@ -60,6 +69,8 @@ MAX_RECORD = 64 << 20             # a record larger than this is damaged by defi
 KIND_CELL = 1
 KIND_NODE = 2
 INITIAL_MAP = 64 << 20
+MIN_FREE = 1 << 20                # bytes free on its file system to open a store (see _open)
+LOCK_FILE = "incr.lock"           # flock: shared by every open Store, exclusive to compact
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "9p", "afs", "ceph", "glusterfs",
               "fuse.sshfs", "lustre", "gpfs", "davfs", "ncpfs", "coda"}
 
@@ -107,8 +118,9 @@ def _forget_inherited(env: Any) -> None:
     """In a fork()ed child: release the parent's environment handle without touching the
     parent. mdb_env_close in the child unmaps the child's copy and closes the child's
     descriptors; it clears reader slots only for the child's own pid, and fcntl locks are not
-    inherited, so the parent's locks and readers are untouched. py-lmdb must forget the handle
-    too, or it refuses to open the same files again in this process."""
+    inherited, so the parent's locks and readers are untouched (py-lmdb leaves the parent's
+    transactions alone in a child). py-lmdb must forget the handle too, or it refuses to open
+    the same files again in this process."""
     try:
         env.close()
     except Exception:
@@ -116,15 +128,18 @@ def _forget_inherited(env: Any) -> None:
 
 
 _live: "weakref.WeakSet[Store]" = weakref.WeakSet()
+_registry_lock = threading.RLock()
+_open_stores: "dict[str, weakref.ref[Store]]" = {}   # realpath -> the Store that has it open
 
 
 def _after_fork_in_child() -> None:
     # forget every inherited environment at once, so that a child can open any store anew
     # (its own Runtime on the same path, or the parent's Runtime, reopened on first use)
+    global _registry_lock
+    _registry_lock = threading.RLock()     # a parent thread may have held it: not ours
+    _open_stores.clear()
     for s in list(_live):
-        env, s.env, s.reader, s.cursor, s.pass_ops = s.env, None, None, None, None
-        if env is not None:
-            _forget_inherited(env)
+        s._forget_after_fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -158,24 +173,152 @@ def _fs_type(path: str) -> str | None:
     return fstype
 
 
+def store_path(path: Any) -> str:
+    """The absolute path of a store given as ``store=``: a str, bytes (os.fsdecode) or
+    os.PathLike. TypeError for anything else; ValueError for an empty path ("" or Path(""),
+    which is "."), which would make the current directory a store."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"store must be a path (str, bytes or os.PathLike), got "
+                        f"{type(path).__name__}: {path!r:.80}") from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if p in ("", "."):
+        raise ValueError(f"store must name a directory of its own, got {path!r} (the current "
+                         f"directory); for example store='.incr'")
+    if "\0" in p:
+        raise ValueError(f"store path {p!r} contains a NUL character")
+    return os.path.abspath(p)
+
+
+def _existing_ancestor(path: str) -> str:
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def _free_bytes(path: str) -> int | None:
+    """Bytes this process may still write on the file system holding ``path`` (root may use
+    the reserved blocks), or None if unknown."""
+    try:
+        st = os.statvfs(_existing_ancestor(path))
+    except OSError:
+        return None
+    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return blocks * st.f_frsize
+
+
+_DAMAGE = tuple(getattr(lmdb, n) for n in (
+    "CorruptedError", "PageNotFoundError", "PanicError", "InvalidError", "BadChecksumError",
+    "VersionMismatchError", "IncompatibleError") if hasattr(lmdb, n))
+
+
+def _explain(path: str, e: BaseException, doing: str, need: int = 0) -> StoreError:
+    """The StoreError for an lmdb (or OS) error met while ``doing`` something with the store at
+    ``path``: says what happened and what to do. ``need``: bytes the operation was writing."""
+    text = str(e)
+    code = getattr(e, "errno", None)
+    full = (isinstance(e, lmdb.DiskError) or code in (errno.ENOSPC, errno.EDQUOT)
+            or os.strerror(errno.ENOSPC) in text or os.strerror(errno.EDQUOT) in text)
+    if not full and (code == errno.EIO or os.strerror(errno.EIO) in text):
+        # LMDB reports a short write (a disk that filled up under it) as EIO
+        free = _free_bytes(path)
+        full = free is not None and free < need + MIN_FREE
+    if full:
+        free = _free_bytes(path)
+        room = "" if free is None else f" ({free} bytes free)"
+        return StoreError(
+            f"store {path}: the disk is full{room} while {doing} ({text}); earlier results are "
+            f"intact and the values stay in memory. Free some space on that file system (or "
+            f"move the store), then run again.")
+    if isinstance(e, lmdb.MapFullError) or "MDB_MAP_FULL" in text:
+        return StoreError(
+            f"store {path}: the LMDB map is full and could not grow while {doing} ({text}); "
+            f"earlier results are intact. Run `incr gc {path} --compact`, or bound the store "
+            f"with Runtime(store=..., max_bytes=...).")
+    if isinstance(e, _DAMAGE):
+        return StoreError(
+            f"store {path} is damaged: its LMDB pages cannot be read while {doing} ({text}). "
+            f"The store is a cache: delete {path} (or move it aside) and its values are "
+            f"computed again, or restore it from a backup.")
+    if isinstance(e, lmdb.ReadonlyError):
+        return StoreError(f"store {path} is read-only ({text}); incr needs to write there. "
+                          f"Use a writable location.")
+    return StoreError(f"store {path}: {doing} failed: {text}")
+
+
+def _lock_file(path: str) -> int:
+    """The descriptor of the store's ``incr.lock`` (created if missing): every open Store holds
+    a shared flock on it, compaction an exclusive one."""
+    try:
+        return os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                       0o600)
+    except OSError as e:
+        raise StoreError(f"store {path}: cannot open its lock file {LOCK_FILE} "
+                         f"({e.strerror}); incr needs to write in {path}") from None
+
+
+def _holder(path: str) -> "Store | None":
+    """The Store of this process that has ``path`` open, if any (call with _registry_lock)."""
+    key = os.path.realpath(path)
+    ref = _open_stores.get(key)
+    s = ref() if ref is not None else None
+    if s is None or s.env is None or s.closed:
+        return None
+    return s
+
+
+def _refuse_if_open(path: str, me: "Store | None" = None) -> None:
+    """StoreError if another Store of this process has ``path`` open (LMDB must not be opened
+    twice in a process); one that only a dropped Runtime still holds is collected first, so
+    running ``rt = Runtime(store=p)`` again works once the old runtime is unreachable. Call
+    with _registry_lock held."""
+    other = _holder(path)
+    if other is not None and other is not me:
+        del other
+        gc.collect()                             # a dropped Runtime in a reference cycle
+        other = _holder(path)
+    if other is not None and other is not me:
+        raise StoreError(
+            f"store {path} is already open in this process by another Runtime (or cache); "
+            f"call .close() on it (rt.close()) before opening the store again, or use "
+            f"another directory")
+
+
 class Store:
-    """An open LMDB store. One per runtime; reopened transparently after ``fork()``."""
+    """An open LMDB store. One per runtime; reopened transparently after ``fork()``.
+
+    Threads: any thread may call it. Each transaction of ours is counted per thread while it
+    is open (the pass's read transaction from ``pass_cursor`` to ``end_pass`` included), and
+    only the thread that began the pass uses its cursor. ``commit`` and ``close`` wait until
+    the other threads' transactions have ended; after ``close``, every call that needs the
+    environment raises StoreError. So no thread ever uses a handle another thread freed."""
 
     def __init__(self, path: Any, *, max_bytes: int | None = None, count_run: bool = True,
                  create: bool = True):
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = store_path(path)
         self.max_bytes = max_bytes
         self.count_run = count_run
-        if not create and not os.path.isdir(self.path):
-            raise StoreError(f"there is no incr store at {self.path}")
+        self.create = create
+        self.env = None
+        self.closed = False
         self.pending: dict[bytes, bytes] = {}
         self.pending_nodes: dict[bytes, bytes] = {}
         self.hit_tags = bytearray()      # usage tags of the entries taken, once per hit
         self.seq = 0                      # log entries this run has written
         self.reader = None               # a read transaction kept for one pass (end_pass)
         self.cursor = None               # a cursor of that transaction on ``entries``
-        self.pass_ops = None             # its bound methods (see pass_cursor)
+        self._ops = None                 # its bound methods (see pass_cursor)
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
+        self._cond = threading.Condition(threading.RLock())
+        self._users: dict[int, int] = {} # thread ident -> transactions of ours it has open
+        self._pass_thread: int | None = None
+        self._draining = 0               # commit/close waiting for other threads' transactions
+        self._unlock = None              # releases the shared flock on incr.lock
         self._open()
 
     # -- opening --------------------------------------------------------------------------
@@ -183,46 +326,83 @@ class Store:
     def _open(self) -> None:
         path = self.path
         parent = os.path.dirname(path) or "."
-        fs = _fs_type(path if os.path.exists(path) else parent)
+        fs = _fs_type(_existing_ancestor(path))
         if fs in NETWORK_FS or (fs or "").startswith("fuse.sshfs"):
             raise StoreError(
                 f"store {path} is on a network file system ({fs}); LMDB's locks do not work "
                 f"there. Put the store on a local disk.")
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot create store directory {path}: {e.strerror}. Choose a "
-                             f"writable location.") from None
+        if not self.create and not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise StoreError(f"there is no incr store at {path} (no data.mdb); give the "
+                             f"directory a Runtime(store=...) wrote")
+        # LMDB maps its lock file and grows sparse files: on a full file system touching
+        # them is a SIGBUS, so refuse before LMDB (or anything) writes
+        free = _free_bytes(path)
+        if free is not None and free < MIN_FREE:
+            raise StoreError(
+                f"store {path}: only {free} bytes free on its file system; incr needs at "
+                f"least {MIN_FREE} to open a store. Free some space there, or choose a store "
+                f"on another file system.")
+        created = False
+        if self.create:
+            try:
+                if parent and not os.path.isdir(parent):
+                    os.makedirs(parent, exist_ok=True)
+                os.mkdir(path, 0o700)
+                created = True
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise StoreError(f"cannot create store directory {path}: {e.strerror}. Choose "
+                                 f"a writable location.") from None
         if not os.path.isdir(path):
             raise StoreError(f"store path {path} exists and is not a directory")
-        try:
-            st = os.stat(path)
-            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        if created:   # only a directory incr made is made owner-only (whatever the umask)
+            try:
                 os.chmod(path, 0o700)
-        except OSError:
-            pass
-        if not os.access(path, os.W_OK):
-            raise StoreError(f"store {path} is read-only for this user; incr needs to write "
-                             f"its lock and data files there")
+            except OSError:
+                pass
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError as e:
+            raise StoreError(f"cannot use store directory {path}: {e.strerror}") from None
+        # root writes anywhere: a directory nobody may write to is read-only for it too
+        if not os.access(path, os.W_OK) or not mode & 0o222:
+            raise StoreError(f"store directory {path} is not writable (mode {mode:04o}); incr "
+                             f"writes its lock and data files there. Make it writable "
+                             f"(chmod u+w) or choose another directory.")
+        with _registry_lock:
+            _refuse_if_open(path, self)
+            fd = _lock_file(path)
+            self._unlock = weakref.finalize(self, os.close, fd)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH)  # waits while `incr gc --compact` runs
+                except OSError as e:
+                    raise StoreError(f"store {path}: cannot lock {LOCK_FILE} ({e.strerror})")
+                self._open_env(path)
+            except BaseException:
+                self._unlock()
+                raise
+            _open_stores[os.path.realpath(path)] = weakref.ref(self)
+
+    def _open_env(self, path: str) -> None:
         size = INITIAL_MAP
         data = os.path.join(path, "data.mdb")
         if os.path.exists(data):
             size = max(size, os.path.getsize(data) * 2)
         try:
-            self.env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
-                                 readahead=False, meminit=False, max_readers=256)
+            env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
+                            readahead=False, meminit=False, max_readers=256)
         except lmdb.Error as e:
-            raise StoreError(f"cannot open store {path}: {e}") from None
-        self.pid = os.getpid()
-        _live.add(self)
+            raise _explain(path, e, "opening it") from None
         try:
-            self.env.reader_check()
-            self.meta = self.env.open_db(b"meta")
-            self.entries = self.env.open_db(b"entries")
-            self.used = self.env.open_db(b"used")
-            self.nodes = self.env.open_db(b"nodes")
-            self.log = self.env.open_db(b"log")
-            with _begin(self.env, write=True) as txn:
+            env.reader_check()
+            self.meta = env.open_db(b"meta")
+            self.entries = env.open_db(b"entries")
+            self.used = env.open_db(b"used")
+            self.nodes = env.open_db(b"nodes")
+            self.log = env.open_db(b"log")
+            with _begin(env, write=True) as txn:
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt is None:
                     if txn.stat(self.entries)["entries"]:
@@ -237,59 +417,185 @@ class Store:
                 if self.count_run:
                     run += 1
                     txn.put(b"runs", str(run).encode(), db=self.meta)
-            self.run = run
         except StoreError:
-            self.env.close()
+            env.close()
             raise
         except lmdb.Error as e:
-            self.env.close()
-            raise StoreError(f"cannot use store {path}: {e}") from None
+            env.close()
+            raise _explain(path, e, "opening it") from None
         except ValueError:
-            self.env.close()
+            env.close()
             raise StoreError(f"store {path} has a damaged meta record") from None
+        self.env = env
+        self.run = run
+        self.pid = os.getpid()
+        _live.add(self)
+
+    def _forget_after_fork(self) -> None:
+        """In a fork()ed child (see _after_fork_in_child): drop what belongs to the parent."""
+        env, self.env = self.env, None
+        self.reader, self.cursor, self._ops = None, None, None
+        self._cond = threading.Condition(threading.RLock())
+        self._users, self._pass_thread, self._draining = {}, None, 0
+        if self._unlock is not None:
+            self._unlock()   # our copy of the descriptor: the parent's lock stays
+        if env is not None:
+            _forget_inherited(env)
 
     def _env(self) -> lmdb.Environment:
-        if os.getpid() != self.pid:   # an LMDB environment must not cross fork()
-            self.pending.clear()
-            self.pending_nodes.clear()
-            self.hit_tags = bytearray()
-            self.seq = 0
-            self.damaged.clear()
-            self.reader = None
-            self.cursor = None
-            self.pass_ops = None
-            if self.env is not None:
-                _forget_inherited(self.env)
-            self._open()
+        """The environment, reopened in a fork()ed child (an LMDB environment must not cross
+        fork()): every use of the handles goes through here first. StoreError once closed."""
+        if self.closed:
+            raise StoreError(f"store {self.path} is closed (rt.close() was called, perhaps by "
+                             f"another thread); open a new Runtime to use it")
+        if os.getpid() != self.pid:
+            with self._cond:
+                if os.getpid() != self.pid:
+                    self.pending.clear()      # the parent writes what it buffered
+                    self.pending_nodes.clear()
+                    self.hit_tags = bytearray()
+                    self.seq = 0
+                    self.damaged.clear()
+                    if self.env is not None:  # a fork the at-fork handler did not see
+                        env, self.env = self.env, None
+                        self.reader, self.cursor, self._ops = None, None, None
+                        self._pass_thread = None
+                        if self._unlock is not None:
+                            self._unlock()
+                        _forget_inherited(env)
+                    self._open()
         return self.env
 
     def _begin(self, **kw: Any) -> lmdb.Transaction:
+        """A transaction on the environment (for tests and tools in this thread)."""
         return _begin(self._env(), **kw)
 
+    # -- threads ----------------------------------------------------------------------------
+
+    def _enter(self) -> lmdb.Environment:
+        """Count a transaction of this thread (call with self._cond held)."""
+        me = threading.get_ident()
+        while self._draining and not self._users.get(me) and not self.closed:
+            self._cond.wait()   # let a waiting commit or close go first
+        env = self._env()
+        self._users[me] = self._users.get(me, 0) + 1
+        return env
+
+    def _leave(self) -> None:
+        with self._cond:
+            me = threading.get_ident()
+            n = self._users.get(me, 0) - 1
+            if n > 0:
+                self._users[me] = n
+            else:
+                self._users.pop(me, None)
+                self._cond.notify_all()
+
+    def _drain(self) -> None:
+        """Wait until no other thread has a transaction of ours open (call with self._cond
+        held). A thread that ended with one open has abandoned it: it is forgotten."""
+        me = threading.get_ident()
+        self._draining += 1
+        try:
+            while True:
+                others = [t for t, n in self._users.items() if t != me and n > 0]
+                if not others:
+                    return
+                alive = {t.ident for t in threading.enumerate()}
+                for t in others:
+                    if t not in alive:
+                        del self._users[t]
+                        if self._pass_thread == t:
+                            self.reader = self.cursor = self._ops = None
+                            self._pass_thread = None
+                self._cond.wait(0.5)
+        finally:
+            self._draining -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def _txn(self, doing: str, db: str | None = None, **kw: Any) -> Iterator[lmdb.Transaction]:
+        """A transaction on the DB named by attribute ``db`` (looked up after _env(), so a
+        forked child uses its own handles), counted for close(); lmdb errors become
+        StoreError saying what to do."""
+        with self._cond:
+            env = self._enter()
+        try:
+            try:
+                with _begin(env, db=getattr(self, db) if db else None, **kw) as txn:
+                    yield txn
+            except lmdb.Error as e:
+                raise _explain(self.path, e, doing) from None
+        finally:
+            self._leave()
+
     def close(self) -> None:
-        self.end_pass()
-        if getattr(self, "env", None) is not None and os.getpid() == self.pid:
-            if self.max_bytes is not None and self.count_run:
-                try:
-                    collect(self, keep_runs=None, max_bytes=self.max_bytes)
-                except StoreError:
-                    pass
-            self.env.close()
-        self.env = None
+        """Commit nothing (the runtime commits first), apply max_bytes, close the environment.
+        From another thread: waits until that thread's transaction or pass has ended.
+        Idempotent."""
+        with self._cond:
+            if self.closed:
+                return
+            self.end_pass()
+            self._drain()
+            try:
+                if self.env is not None and os.getpid() == self.pid:
+                    if self.max_bytes is not None and self.count_run:
+                        try:
+                            collect(self, keep_runs=None, max_bytes=self.max_bytes)
+                        except StoreError:
+                            pass
+                    self.env.close()
+            finally:
+                self.closed = True
+                self.env = None
+                self.reader, self.cursor, self._ops = None, None, None
+                with _registry_lock:
+                    key = os.path.realpath(self.path)
+                    ref = _open_stores.get(key)
+                    if ref is not None and ref() in (self, None):
+                        del _open_stores[key]
+                if self._unlock is not None:
+                    self._unlock()
+                self._cond.notify_all()
 
     # -- reading --------------------------------------------------------------------------
+
+    @property
+    def pass_ops(self) -> tuple | None:
+        """The pass's cursor methods (see pass_cursor), for the thread that began the pass;
+        None for any other (it must call pass_cursor), and in a forked child (the fork
+        handler forgets the pass). Read before every lookup: kept cheap."""
+        if self._pass_thread == threading.get_ident():
+            return self._ops
+        return None
 
     def pass_cursor(self) -> tuple:
         """The methods set_range, key, value and next of a cursor on ``entries`` in the pass's
         read transaction (begun if none is open; see ``end_pass``), also kept as ``pass_ops``
         until the pass ends. The runtime walks it to find an instance's entries; values are
-        bytes (``buffers=False``)."""
-        if self.reader is None:
-            self.reader = self._begin(db=self.entries, buffers=False)   # (adopts a grown map)
-            self.cursor = self.reader.cursor()
+        bytes (``buffers=False``). Only the thread that began the pass may use it: another
+        gets StoreError while it lasts."""
+        me = threading.get_ident()
+        with self._cond:
+            env = self._enter()
+            if self.reader is not None:
+                self._leave()                   # (the pass is counted once)
+                if self._pass_thread == me:
+                    return self._ops
+                raise StoreError(f"store {self.path} is being read by another thread; a "
+                                 f"runtime and its store are used by one thread at a time")
+            try:
+                self.reader = _begin(env, db=self.entries, buffers=False)  # adopts a grown map
+                self.cursor = self.reader.cursor()
+            except lmdb.Error as e:
+                self.reader = self.cursor = None
+                self._leave()
+                raise _explain(self.path, e, "looking up stored values") from None
             c = self.cursor
-            self.pass_ops = (c.set_range, c.key, c.value, c.next)
-        return self.pass_ops
+            self._ops = (c.set_range, c.key, c.value, c.next)
+            self._pass_thread = me
+            return self._ops
 
     def damaged_record(self, key: bytes, why: str) -> None:
         """The record at ``key`` is damaged: warn, and replace it at the next commit."""
@@ -303,44 +609,51 @@ class Store:
         rec = self.pending_nodes.get(ikey)
         if rec is not None:
             return rec
-        with self._begin(db=self.nodes, buffers=False) as txn:
+        with self._txn("reading an LLM node's state", db="nodes", buffers=False) as txn:
             return txn.get(ikey)
 
     def put_node(self, ikey: bytes, record: bytes) -> None:
         self.pending_nodes[ikey] = record
 
     def end_pass(self) -> None:
-        """Close the pass's read transaction (before a commit, and at the end of a pass)."""
-        if self.reader is not None:
-            try:
-                self.reader.abort()
-            except lmdb.Error:
-                pass
-            self.reader = None
-            self.cursor = None
-            self.pass_ops = None
+        """Close the pass's read transaction (before a commit, and at the end of a pass).
+        Only the thread that began the pass ends it; for any other this does nothing."""
+        with self._cond:
+            if self.reader is None or self._pass_thread != threading.get_ident():
+                return
+            reader = self.reader
+            self.reader, self.cursor, self._ops = None, None, None
+            self._pass_thread = None
+            if os.getpid() == self.pid:
+                try:
+                    reader.abort()
+                except lmdb.Error:
+                    pass
+            self._leave()
 
     def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
         """Every entry: (key, record or None if damaged, size in bytes)."""
         from incr._core import read_record
-        with self._begin(db=self.entries, buffers=False) as txn:
-            for k, v in txn.cursor():
-                try:
-                    rec = read_record(v).as_dict()
-                except ValueError:
-                    rec = None
-                yield k, rec, len(v)
+        with self._txn("reading its entries", db="entries", buffers=False) as txn:
+            items = list(txn.cursor())
+        for k, v in items:
+            try:
+                rec = read_record(v).as_dict()
+            except ValueError:
+                rec = None
+            yield k, rec, len(v)
 
     def iter_nodes(self) -> Iterator[tuple[bytes, bytes]]:
         """Every saved LLM node state: (instance key, raw record)."""
-        with self._begin(db=self.nodes, buffers=False) as txn:
-            yield from txn.cursor()
+        with self._txn("reading its LLM node states", db="nodes", buffers=False) as txn:
+            items = list(txn.cursor())
+        yield from items
 
     def usage(self) -> dict[bytes, tuple[int, int]]:
         """Entry key -> (hits, last run that wrote or hit it): ``used`` plus the log."""
         by_tag: dict[bytes, tuple[int, int]] = {}
         out = {}
-        with self._begin(buffers=False) as txn:
+        with self._txn("reading its usage", buffers=False) as txn:
             for k, v in txn.cursor(db=self.used):
                 by_tag[k] = _usage(v)
             for run, hit, tags in _log_entries(txn, self.log):
@@ -355,7 +668,7 @@ class Store:
 
     def fold(self) -> None:
         """Fold the log into ``used`` (one write transaction)."""
-        with self._begin(write=True) as txn:
+        with self._txn("folding its usage log", write=True) as txn:
             self._fold(txn)
 
     def _log_is_full(self, txn: lmdb.Transaction) -> bool:
@@ -393,16 +706,40 @@ class Store:
         """Count one hit of the entry ``key`` (the runtime appends to ``hit_tags`` itself)."""
         self.hit_tags += usage_tag(key)
 
+    def _buffered(self) -> bool:
+        return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes)
+
     def commit(self) -> None:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
-        earlier commits intact) if the disk is full or the store refuses the write."""
-        self.end_pass()
-        if not self.pending and not self.hit_tags and not self.damaged and not self.pending_nodes:
-            return
-        env = self._env()
+        earlier commits intact) if the disk or the map is full, the store refuses the write or
+        it is closed. Waits until other threads' transactions (a pass) have ended."""
+        with self._cond:
+            self.end_pass()
+            if not self._buffered():
+                return
+            if self.closed:
+                lost = len(self.pending) + len(self.pending_nodes)
+                self.pending, self.pending_nodes = {}, {}
+                self.hit_tags, self.damaged = bytearray(), set()
+                raise StoreError(f"store {self.path} is closed (rt.close() was called, perhaps "
+                                 f"by another thread); {lost} results computed since then were "
+                                 f"not saved")
+            self._drain()
+            env = self._env()    # (reopened in a forked child: the parent's buffers dropped)
+            if not self._buffered():
+                return
+            me = threading.get_ident()
+            self._users[me] = self._users.get(me, 0) + 1
+            try:
+                self._write(env)
+            finally:
+                self._leave()
+
+    def _write(self, env: lmdb.Environment) -> None:
         pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
         nodes = self.pending_nodes
         self.pending, self.hit_tags, self.damaged, self.pending_nodes = {}, bytearray(), set(), {}
+        need = sum(map(len, pending.values())) + sum(map(len, nodes.values()))
         logs = []
         if pending:
             logs.append(b"\x00" + b"".join([usage_tag(k) for k in pending]))
@@ -432,30 +769,24 @@ class Store:
                 self.seq = seq
                 return
             except lmdb.MapFullError:
-                # grow from a quiescent point: our transaction is aborted, none is open
-                env.set_mapsize(env.info()["map_size"] * 2)
+                # grow from a quiescent point: our transaction is aborted, and no other thread
+                # has one open (commit drained them)
+                try:
+                    env.set_mapsize(env.info()["map_size"] * 2)
+                except lmdb.Error as e:
+                    raise _explain(self.path, lmdb.MapFullError(f"MDB_MAP_FULL; growing the "
+                                                                f"map failed: {e}"),
+                                   "writing") from None
             except lmdb.MapResizedError:
                 env.set_mapsize(0)
-            except lmdb.DiskError as e:
-                raise StoreError(f"store {self.path}: the disk refused the write ({e}); "
-                                 f"earlier results are intact. Free some space.") from None
-            except lmdb.ReadonlyError:
-                raise StoreError(f"store {self.path} is read-only") from None
-            except OSError as e:
-                if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise StoreError(f"store {self.path}: no space left on the device; earlier "
-                                     f"results are intact. Free some space.") from None
-                raise StoreError(f"store {self.path}: write failed: {e}") from None
-            except lmdb.Error as e:
-                if "No space" in str(e) or "MDB_MAP_FULL" in str(e):
-                    raise StoreError(f"store {self.path}: no space left for the write; "
-                                     f"earlier results are intact. Free some space.") from None
-                raise StoreError(f"store {self.path}: write failed: {e}") from None
-        raise StoreError(f"store {self.path}: could not grow the map to fit the write")
+            except (lmdb.Error, OSError) as e:
+                raise _explain(self.path, e, "writing", need) from None
+        raise _explain(self.path, lmdb.MapFullError("MDB_MAP_FULL after 8 doublings of the map"),
+                       "writing")
 
     def delete(self, keys: list[bytes]) -> int:
         n = 0
-        with self._begin(write=True) as txn:
+        with self._txn("dropping entries", write=True) as txn:
             for k in keys:
                 n += bool(txn.delete(k, db=self.entries))
                 txn.delete(usage_tag(k), db=self.used)   # (fold first: see collect)
@@ -586,3 +917,66 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
         store.delete(sorted(drop))
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
             "bytes_freed": freed, "latest_run": latest}
+
+
+def compact(path: Any) -> tuple[int, int]:
+    """Give the pages gc freed back to the file system: LMDB's compacting copy of the store
+    into a temporary file in its directory, fsynced, then renamed over ``data.mdb`` (atomic: a
+    crash leaves the old file or the new one, never a mix). Returns the sizes of data.mdb
+    (before, after).
+
+    Only while no process has the store open: every Store holds a shared flock on its
+    ``incr.lock`` while open, and this takes it exclusively, so it is refused (StoreError)
+    while another runtime (this process's included) has the store open, and a runtime that
+    opens the store meanwhile waits until the compaction is done."""
+    p = store_path(path)
+    data = os.path.join(p, "data.mdb")
+    if not os.path.isfile(data):
+        raise StoreError(f"there is no incr store at {p} (no data.mdb)")
+    with _registry_lock:
+        _refuse_if_open(p)
+        fd = _lock_file(p)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreError(
+                    f"store {p} is open in another process; compacting needs it to itself. "
+                    f"Close the runtimes that use it (or let them end) and run "
+                    f"`incr gc {p} --compact` again.") from None
+            return _compact_locked(p, data)
+        finally:
+            os.close(fd)   # (releases the lock)
+
+
+def _compact_locked(path: str, data: str) -> tuple[int, int]:
+    before = os.path.getsize(data)
+    for name in os.listdir(path):           # what a compaction killed midway left behind
+        if name.startswith("data.mdb.compact-"):
+            os.unlink(os.path.join(path, name))
+    tmp = os.path.join(path, f"data.mdb.compact-{os.getpid()}")
+    try:
+        env = lmdb.open(path, map_size=max(INITIAL_MAP, 2 * before), max_dbs=8, subdir=True,
+                        readahead=False, create=False)
+    except lmdb.Error as e:
+        raise _explain(path, e, "opening it to compact it") from None
+    try:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            env.copyfd(out, compact=True)
+            os.fsync(out)
+        finally:
+            os.close(out)
+    except (lmdb.Error, OSError) as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _explain(path, e, "compacting it", need=before) from None
+    finally:
+        env.close()
+    os.replace(tmp, data)
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)                        # the rename itself is durable
+    finally:
+        os.close(dfd)
+    return before, os.path.getsize(data)

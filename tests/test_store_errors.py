@@ -1,4 +1,4 @@
-"""Store errors and life cycle: owner-only permissions; a path that cannot hold a store (read-only,
+"""Store errors and life cycle: owner-only permissions for what incr creates; a path that cannot hold a store (read-only,
 a file, an unknown format) is an incr.StoreError naming the path; a full disk is a StoreError
 that leaves earlier commits intact and the runtime answering; a forked child can use its
 parent's runtime; a closed runtime raises incr.IncrError.
@@ -81,12 +81,13 @@ def test_new_store_is_owner_only(tmp_path, umask):
         assert _mode(path / f) == 0o600, (f, oct(_mode(path / f)))
 
 
-def test_existing_directory_is_made_owner_only(tmp_path):
+def test_existing_directory_keeps_its_mode(tmp_path):
+    # incr makes owner-only only a directory it creates; one the user made keeps its mode
     path = tmp_path / "store"
     path.mkdir()
     os.chmod(path, 0o755)
     incr.Runtime(store=path).close()
-    assert _mode(path) == 0o700
+    assert _mode(path) == 0o755
     for f in os.listdir(path):
         assert _mode(path / f) == 0o600
 
