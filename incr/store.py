@@ -585,16 +585,27 @@ class Store:
                     return self._ops
                 raise StoreError(f"store {self.path} is being read by another thread; a "
                                  f"runtime and its store are used by one thread at a time")
+            # claimed first, so that an interrupt (Ctrl-C lands at any bytecode) never leaves
+            # a reader that no thread owns
+            self._pass_thread = me
             try:
                 self.reader = _begin(env, db=self.entries, buffers=False)  # adopts a grown map
                 self.cursor = self.reader.cursor()
-            except lmdb.Error as e:
-                self.reader = self.cursor = None
+                c = self.cursor
+                self._ops = (c.set_range, c.key, c.value, c.next)
+            except BaseException as e:
+                reader = self.reader
+                self.reader = self.cursor = self._ops = None
+                self._pass_thread = None
+                if reader is not None:
+                    try:
+                        reader.abort()
+                    except lmdb.Error:
+                        pass
                 self._leave()
-                raise _explain(self.path, e, "looking up stored values") from None
-            c = self.cursor
-            self._ops = (c.set_range, c.key, c.value, c.next)
-            self._pass_thread = me
+                if isinstance(e, lmdb.Error):
+                    raise _explain(self.path, e, "looking up stored values") from None
+                raise
             return self._ops
 
     def damaged_record(self, key: bytes, why: str) -> None:

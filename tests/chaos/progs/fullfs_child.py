@@ -32,7 +32,8 @@ def value_of(i, size):
 def fill(path, leave):
     """Write ``path`` until the disk is full, then give back ``leave`` bytes."""
     written = 0
-    with open(path, "wb") as f:
+    f = open(path, "ab")     # (appends: the disk may be full already from an earlier round)
+    try:
         while True:
             try:
                 f.write(b"\xa5" * CHUNK)
@@ -42,6 +43,12 @@ def fill(path, leave):
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 break
+    finally:
+        try:
+            f.close()        # what the buffer still holds cannot be written either
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
     size = os.path.getsize(path)
     os.truncate(path, max(0, size - leave))
 
