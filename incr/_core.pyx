@@ -632,12 +632,10 @@ cdef class Runtime:
             while True:
                 deferred = False
                 for n in todo:
-                    if not (n.flags & F_HAS_VALUE) and n in self.failed:
-                        e = self.failed[n]  # failed earlier in this pass
-                        if isinstance(e, _Deferred):
-                            deferred = True
-                        else:
-                            errors.append((n, e))
+                    if n.flags & F_DEFERRED:
+                        deferred = True     # set aside earlier in this pass
+                    elif not (n.flags & F_HAS_VALUE) and n in self.failed:
+                        errors.append((n, self.failed[n]))  # failed earlier in this pass
                     elif _needs_work(n):
                         try:
                             self.ensure(n)
@@ -1097,6 +1095,8 @@ cdef class Runtime:
         cdef tuple deps
         cdef Py_ssize_t i, nd
         cdef bint pushed, must_run
+        if n.flags & F_DEFERRED:
+            raise _Deferred(n.label())    # set aside in this pass: whatever reads it waits
         n.flags |= F_VERIFYING
         try:
             while stack:
@@ -1119,8 +1119,13 @@ cdef class Runtime:
                     while i < nd:
                         d = <Node>deps[i]
                         if d.flags & F_DEFERRED:
-                            # its run is set aside for this pass: m waits for the next one
+                            # its run is set aside for this pass: m waits for the next one.
+                            # With an executor the scan goes on (independent work is shipped
+                            # together); without one it stops here, in Salsa's order: d's new
+                            # value may take m's new run away from the dependencies after it
                             m.flags |= F_DEFERRED
+                            if self.executor is None:
+                                break
                             i += 1
                             continue
                         if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
@@ -1172,12 +1177,15 @@ cdef class Runtime:
                     m.persist.cands = None
                     m.persist.resolved = None
             raise
+        if n.flags & F_DEFERRED:
+            raise _Deferred(n.label())    # it waits: its old value is not the answer
         return n.value
 
     cdef int attempt(self, Instance m, list stack, list idx) except -1:
         # m must be (re)computed: take it from the store if a stored trace of it matches the
         # current dependencies, else run it. Returns PUSHED when a dependency was pushed.
         cdef int r
+        cdef int invalid = m.flags & F_INVALID
         if self.store is not None and not (m.flags & F_INVALID):
             r = self.probe_step(m, stack, idx)
             if r != NOMATCH:
@@ -1202,6 +1210,11 @@ cdef class Runtime:
                 self.remote = m
         try:
             self.run_in_stack(m, len(stack) == 1)
+        except _Deferred:
+            # its run was set aside (fail() keeps its value and stamps): a withdrawn instance
+            # stays withdrawn, so that the next pass runs it instead of reusing that value
+            m.flags |= invalid
+            raise
         finally:
             self.remote = None
         return DONE
@@ -1239,6 +1252,13 @@ cdef class Runtime:
                         matched = False
                         break
                     p.resolved.append(d)
+                if d.flags & F_DEFERRED:
+                    # set aside in this pass: m waits with it; its lookup starts again then
+                    p.cands = None
+                    p.resolved = None
+                    m.flags |= F_DEFERRED
+                    self.deferred.append(m)
+                    return DONE
                 if isinstance(d, Instance) and _needs_work(d) and not (
                         not (d.flags & F_HAS_VALUE) and d in self.failed):
                     # (an instance that failed in this pass is not pushed again: a mismatch)
@@ -1478,6 +1498,16 @@ cdef class Runtime:
         # read before failing stay as edges, so a reader that caught the exception is made
         # stale when what caused it changes. The exception is kept for the rest of the pass.
         cdef str chain
+        if isinstance(e, _Deferred):
+            # -- set aside (see attempt) ------------------------------------------------------
+            # Not a failure: stabilize runs the work ahead and this run starts again in the
+            # next pass. It leaves nothing behind: n keeps its value, dependencies and stamps,
+            # stays stale, and waits (F_DEFERRED), as does whatever reads it.
+            n.flags = (n.flags & ~F_RUNNING) | F_DEFERRED
+            self.deferred.append(n)
+            if n.observed_by is not None:
+                self.dirty_observed.append(n)
+            return
         n.flags &= ~(F_RUNNING | F_HAS_VALUE | F_DIRTY)
         self.rewire(n, n.deps, reads)
         n.value = None
@@ -1489,11 +1519,6 @@ cdef class Runtime:
         n.ran_rev = self.revision
         n.last_action = A_FAILED
         self.failed[n] = e
-        if isinstance(e, _Deferred):   # set aside, not failed: it runs again in this pass
-            if n.observed_by is not None:
-                self.dirty_observed.append(n)
-            self.raise_ts(n)
-            return
         self.n_failed += 1
         if n.observed_by is not None:
             self.dirty_observed.append(n)

@@ -361,12 +361,13 @@ class _Loop:
     def run(self) -> Any:
         st = self.st
         deferred = False
+        taken_in = False      # every change since the last run has been looked at
         try:
             first = st.snapshot is None and st.refs is None
             changed = first or self._reread()
+            taken_in = True
             if changed:
                 st.pending = False
-            if changed:
                 self._new_epoch()
                 if st.has_candidate:
                     if self._vacuous() and not self._withdrawn_now():
@@ -375,20 +376,18 @@ class _Loop:
                         return self._loop_on()
                     # the current candidate is this context's first: it must not come back
                     st.fingerprints[_fingerprint(st.candidate)] = st.revision
+                    st.pending = "revalidate"
                     self._validate(resume="revalidate")
             elif st.pending == "generate":
                 # the last pass set a generator call aside: it goes on where it stopped
-                st.pending = False
                 return self._loop_on()
             elif st.pending == "judge":
                 # the last pass set the validation of a new candidate aside
-                st.pending = False
                 if self._judge():
                     return self._stable()
                 return self._loop_on()
             elif st.pending == "revalidate":
                 # the last pass set the re-validation of the current candidate aside
-                st.pending = False
                 self._validate()
             elif st.failed is not None and st.events == st.failed_events:
                 # nothing changed since it gave up: the same answer, no model call
@@ -410,9 +409,14 @@ class _Loop:
         finally:
             if not deferred:
                 st.pending = False
-            # set aside: keep what this run read and learned (the next pass goes on from
-            # here), but save nothing until the generator's result is in
-            self._keep(save=not deferred)
+                self._keep(save=True)
+            elif taken_in:
+                # set aside mid-loop: keep what this run read and learned, so that the next
+                # pass goes on from here (st.pending says where), but save nothing until the
+                # result is in
+                self._keep(save=False)
+            # else: set aside while re-reading (a dependency waits for its own run). Nothing
+            # was looked at: the snapshot stays as it was, so the next pass sees the change.
 
     def _withdrawn_now(self) -> bool:
         """Was the current candidate NACKed from outside (rt.nack, a Reject)?"""
@@ -422,6 +426,7 @@ class _Loop:
         """Generate, validate, decide, until accepted or a stop condition holds."""
         st = self.st
         while True:
+            st.pending = "generate"   # where a pass that sets this run aside resumes
             stop = self._over_budget()
             if stop:
                 self._fail(stop)
@@ -436,6 +441,7 @@ class _Loop:
             st.candidate, st.has_candidate = cand, True
             st.attempts[-1].revision = st.revision
             st.attempts[-1].fingerprint = fp[:18]
+            st.pending = "judge"
             if self._judge():
                 return self._stable()
 
@@ -690,15 +696,16 @@ class _Loop:
     def _ahead(self, key: tuple) -> Any:
         """The outcome of a call that ran ahead under ``key``, its reads replayed here (so they
         are this run's dependencies); _NOTHING if none ran, or what it read moved on since."""
-        ahead = self.st.prefetched.pop(key, None)
+        ahead = self.st.prefetched.get(key)
         if ahead is None:
             return _NOTHING
         outcome, reads, _seconds = ahead
         fresh = True
         for d, at in reads:
-            self.rt._read(d)
+            self.rt._read(d)      # (a read that waits sets this run aside: the result stays)
             if d._changed_at != at:
                 fresh = False
+        del self.st.prefetched[key]
         return outcome if fresh else _NOTHING
 
     def _own(self, e: Reject) -> bool:
