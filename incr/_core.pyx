@@ -881,13 +881,16 @@ cdef class Runtime:
             return (<Input>node).get()
         return self.demand(<Instance>node)
 
-    def _invalidate(self, Instance n):
+    def _invalidate(self, Instance n, bint check=False):
         """Withdraw n's value (a NACK on it): n runs again at its next demand, never from
-        the store, and everything that read it is stale, as after an input change."""
+        the store, and everything that read it is stale, as after an input change. With
+        check=True, only raise what withdrawing now would raise (ReentrancyError inside a
+        computation), so that a caller can refuse before it changes anything."""
         self.check_usable()
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy(f"withdraw {n.label()}"))
-        self.invalidate(n)
+        if not check:
+            self.invalidate(n)
 
     def _lend(self, unsigned long ident):
         """Let thread ``ident`` compute for the running frame while its owner waits

@@ -234,7 +234,7 @@ def _book(rt) -> _Bookkeeping:
 def _fingerprint(value: Any) -> str:
     try:
         return _keys.digest("llm", _keys.encode(value)).hex()
-    except TypeError:
+    except Exception:       # TypeError; or a registered type's encoder that fails
         return "r:" + _keys.digest("llm", repr(value).encode()).hex()
 
 
@@ -246,8 +246,68 @@ def _safe(x: Any) -> Any:
     try:
         _keys.encode(x)
         return x
-    except TypeError:
+    except Exception:
         return repr(x)
+
+
+# What a verdict may hold. Its texts (case, message, reason) are stored and fed back as they
+# are: str, valid UTF-8. Its payload (counterexample, evidence) is any value incr's codec
+# encodes, or else any value with a repr(), which is what a store keeps of it.
+_TEXTS = {"case": "a str naming the check", "message": "a str", "reason": "a str"}
+_PAYLOADS = ("counterexample", "evidence")
+
+
+def _short(x: Any) -> str:
+    try:
+        r = repr(x)
+    except Exception:
+        return f"a {type(x).__qualname__} whose repr() raises"
+    return (r if len(r) <= 60 else r[:57] + "...") + f" ({type(x).__qualname__})"
+
+
+def _field_problem(name: str, x: Any) -> str | None:
+    """Why ``x`` cannot be the verdict field ``name``, or None."""
+    if name in _TEXTS:
+        if not isinstance(x, str):
+            return f"{name} must be {_TEXTS[name]}, got {_short(x)}"
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"{name} must be valid text (it is stored as UTF-8), got {_short(x)}: {e}"
+        return None
+    try:
+        _keys.encode(x)
+        return None
+    except Exception:       # TypeError; or a registered type's encoder that fails
+        pass
+    try:
+        repr(x)
+        return None
+    except Exception as e:
+        return (f"{name} is {_short(x)}: incr's codec cannot encode it and its repr() raised "
+                f"{type(e).__name__}: {e}; pass a value incr encodes (None, bool, int, float, "
+                f"str, bytes, tuple, list, dict with str keys, frozenset, registered types) or "
+                f"one with a working repr() (a store keeps that repr)")
+
+
+def _verdict_problem(v: Any) -> str | None:
+    """Why ``v`` (an ACK, NACK or UNKNOWN) cannot be recorded, or None."""
+    for name in ("case",) + tuple(f for f in ("counterexample", "evidence", "message",
+                                              "reason") if hasattr(v, f)):
+        p = _field_problem(name, getattr(v, name))
+        if p is not None:
+            return p
+    return None
+
+
+def _usable(v: Any, who: str) -> Any:
+    """``v`` if it can be recorded; otherwise an UNKNOWN that says why (a validator's verdict
+    that incr cannot keep never crashes the loop, and never counts as ACK or NACK)."""
+    p = _verdict_problem(v)
+    if p is None:
+        return v
+    case = v.case if isinstance(v.case, str) and _field_problem("case", v.case) is None else "*"
+    return UNKNOWN(case, f"{who} gave an unusable {v.kind}: {p}")
 
 
 # --- the node --------------------------------------------------------------------------------
@@ -661,7 +721,8 @@ class _Loop:
                 except Exception as e:
                     v = UNKNOWN(r.case, f"recheck raised {type(e).__name__}: {e}")
                 if not isinstance(v, _VERDICTS):
-                    v = UNKNOWN(r.case, f"recheck returned {v!r}, not a verdict")
+                    v = UNKNOWN(r.case, f"recheck returned {_short(v)}, not a verdict")
+                v = _usable(v, "recheck")
                 new |= self._record(rid, "1", v, regress=False)  # a case already kept
         return new
 
@@ -741,19 +802,20 @@ class _Loop:
         try:
             res = val.fn(cand, *self.args, **self.kwargs)
             if isinstance(res, _VERDICTS):
-                out.append(res)
+                out.append(_usable(res, val.id))
             elif res is None:
                 pass
             else:
                 for v in res:
                     if not isinstance(v, _VERDICTS):
-                        out.append(UNKNOWN("*", f"{val.id} produced {v!r}, not a verdict"))
+                        out.append(UNKNOWN("*", f"{val.id} produced {_short(v)}, not a "
+                                                f"verdict"))
                         break
-                    out.append(v)
+                    out.append(_usable(v, val.id))
         except Reject as e:
             if not self._own(e):
                 raise
-            out.append(NACK(e.case, e.counterexample, e.message))
+            out.append(_usable(NACK(e.case, e.counterexample, e.message), val.id))
         except Exception as e:
             out.append(UNKNOWN("*", f"{val.id} raised {type(e).__name__}: {e}"))
         if not out:
@@ -904,15 +966,24 @@ def state(rt, node, args, kwargs) -> NodeState:
 
 
 def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
-    """rt.ack / rt.nack: a verdict from outside, bound to ``revision``."""
+    """rt.ack / rt.nack: a verdict from outside, bound to ``revision``. Every argument is
+    checked before anything changes (TypeError naming it; ValueError for a revision the node
+    never had; IncrError for a node without a candidate; ReentrancyError inside a
+    computation): a refused verdict leaves the node, its ledger and the store as they were."""
+    if not isinstance(revision, int) or isinstance(revision, bool):
+        raise TypeError(f"rt.{source}: revision must be an int, the candidate revision the "
+                        f"verdict is about (see rt.state(...).revision), got {_short(revision)}")
+    problem = _verdict_problem(verdict)
+    if problem is not None:
+        raise TypeError(f"rt.{source}: {problem}; nothing was recorded")
     inst, st = _instance(rt, node, args, kwargs, source)
     if st is None or not st.revision:
         label = inst.label_text if inst is not None else node.qualname_label
         raise IncrError(f"rt.{source}: {label} has no candidate on this runtime yet")
-    if not isinstance(revision, int) or isinstance(revision, bool) or not \
-            1 <= revision <= st.revision:
+    if not 1 <= revision <= st.revision:
         raise ValueError(f"rt.{source}: revision must be one of the candidate revisions of "
                          f"{st.label} (1..{st.revision}), got {revision!r}")
+    rt._invalidate(inst, check=True)   # a change: refused inside a computation, before it
     must = _note(st, f"rt.{source}", "", verdict, revision)
     _save(rt, inst, st, None)
     if must:
@@ -981,6 +1052,10 @@ def _absorb_reject(rt, e: Reject):
     if st is None or not st.revision:
         e.add_note(f"incr: {node.qualname_label}{e.node_args!r} has no candidate to reject")
         return None
+    problem = _verdict_problem(NACK(e.case, e.counterexample, e.message))
+    if problem is not None:
+        e.add_note(f"incr: this Reject cannot be recorded: {problem}")
+        return None
     rev = e.revision if e.revision is not None else st.revision
     st.rejections += 1
     by = f"reject:{e.by}" if e.by else "reject"
@@ -1033,7 +1108,7 @@ def _node_of(rt, inst, create: bool) -> _Node | None:
 def _enc(x: Any) -> list:
     try:
         return [0, _keys.encode(x)]
-    except TypeError:
+    except Exception:       # TypeError; or a registered type's encoder that fails
         return [1, repr(x)]
 
 
