@@ -809,13 +809,15 @@ cdef class Runtime:
         return out
 
     def _check(self):
-        """Verify the trace's invariants (I1–I6 in _core.pxd). For tests: O(trace)."""
+        """Verify the trace's invariants (I1–I7 in _core.pxd). For tests: O(trace)."""
         cdef Instance n
         cdef Node d
         from collections import Counter
         problems = []
         if self.frames:
             problems.append("I6: frames left on the stack")
+        if self.deferred and not self.stabilizing:
+            problems.append("I6: instances left set aside after stabilize")
         dependents_of = {}
         all_nodes = list(self.inputs.values()) + self._instances()
         dirty_obs = {id(x) for x in self.dirty_observed}
@@ -825,6 +827,8 @@ cdef class Runtime:
                 lab = n.label()
                 if n.flags & (F_RUNNING | F_VERIFYING):
                     problems.append(f"I6: {lab} is marked running or verifying")
+                if n.flags & F_DEFERRED and not self.stabilizing:
+                    problems.append(f"I6: {lab} is still marked set aside (F_DEFERRED)")
                 for d in n.deps:
                     dependents_of.setdefault(id(d), Counter())[id(n)] += 1
                     if not (n.flags & F_DIRTY) and (d.flags & F_DIRTY):
@@ -840,6 +844,8 @@ cdef class Runtime:
                     problems.append(f"I5: observed {lab} is dirty but not queued")
                 if (n.flags & F_HAS_VALUE) == 0 and n.value is not None:
                     problems.append(f"{lab} keeps a value from a failed run")
+                if n.cell.is_llm and not _needs_work(n) and self.llm is not None:
+                    problems.extend(_stale_evidence(self, n))
         for node in all_nodes:
             got = Counter(id(x) for x in ((<Node>node).dependents or ()))
             want = dependents_of.get(id(node), Counter())
@@ -1693,6 +1699,23 @@ cdef enum:
     DONE = 0
     PUSHED = 1
     NOMATCH = 2
+
+
+def _stale_evidence(Runtime rt, Instance n):
+    # I7 for a clean LLM node instance: its state holds the stable candidate, and nothing its
+    # acceptance rests on (what incr.llmnodes recorded as read before each verdict on the
+    # current revision) changed or was withdrawn since without n being verified again
+    cdef Node d
+    from incr import llmnodes as _llm
+    own, basis = _llm._evidence(rt, n)
+    out = [f"I7: {n.label()} {p}" for p in own]
+    for what, d, at in basis:
+        if d.changed_at != at or _needs_work(d) or d.flags & F_INVALID:
+            out.append(f"I7: {n.label()} is clean, but {what} was made under "
+                       f"{_node_label(d)} as of tick {at}, which has since "
+                       f"{'changed (tick ' + str(d.changed_at) + ')' if d.changed_at != at else 'been withdrawn or made stale'}"
+                       f" without {n.label()} being verified again")
+    return out
 
 
 def _warn_once(Cell cell, str message):

@@ -213,6 +213,11 @@ class _Node:
     pending: Any = False                    # what a stabilize pass set aside mid-loop:
                                             # "generate", "judge" or "revalidate"
     withdrawn: set = attrs.Factory(set)     # fingerprints of candidates NACKed from outside
+    # what the evidence rests on, in this process (for Runtime._check, invariant I7): ledger
+    # key -> ((node, changed_at), ...) read by the run before that verdict was recorded; and
+    # the same for the generation of the current candidate. Not stored.
+    made_under: dict = attrs.Factory(dict)
+    generated_under: tuple = ()
 
 
 class _Bookkeeping:
@@ -501,6 +506,7 @@ class _Loop:
             st.candidate, st.has_candidate = cand, True
             st.attempts[-1].revision = st.revision
             st.attempts[-1].fingerprint = fp[:18]
+            st.generated_under = self._basis()
             st.pending = "judge"
             if self._judge():
                 return self._stable()
@@ -527,6 +533,10 @@ class _Loop:
         st.refs = None
         if save:
             _save(self.rt, self.inst, st, reads)
+
+    def _basis(self) -> tuple:
+        """What this run has read so far, with the tick at which each last changed."""
+        return tuple((d, d._changed_at) for d in self.rt._reads())
 
     def _vacuous(self) -> bool:
         """True when re-validation could not look at anything (no validators, no rechecks)."""
@@ -566,6 +576,7 @@ class _Loop:
                 keep[key] = ([v for v in vs if isinstance(v, NACK)],
                              {x for x in d if x[0] == "NACK"})
         st.ledger = keep
+        st.made_under = {}
         st.epoch += 1
         st.evidence = set()
         st.fingerprints = {}      # oscillation is a candidate coming back within one context
@@ -680,7 +691,9 @@ class _Loop:
     def _record(self, vid: str, vver: str, v: Any, regress: bool = True) -> bool:
         """Put one verdict for the current revision in the ledger; True if it is new evidence."""
         st = self.st
-        if not _ledger_add(st, (vid, vver, v.case, st.revision), v, regress):
+        key = (vid, vver, v.case, st.revision)
+        st.made_under[key] = self._basis()   # (the latest confirmation of it counts)
+        if not _ledger_add(st, key, v, regress):
             return False               # the same verdict again counts once
         if st.attempts:
             st.attempts[-1].verdicts.append((vid, v))
@@ -1026,6 +1039,38 @@ def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
     return st.status != "stable"
 
 
+def _evidence(rt, inst) -> tuple[list, list]:
+    """For Runtime._check (invariant I7), on an instance that is clean (not stale, has a
+    value): (problems of its own state, basis). A clean instance holds its stable candidate;
+    the basis is what that candidate's acceptance rests on, as (what, node, changed_at): the
+    reads made before each verdict on the current revision that this process recorded, and,
+    for a node with nothing to validate with, the reads of the candidate's generation. The
+    core checks that none of those nodes changed or was withdrawn since."""
+    st = None if rt.llm is None else rt.llm.nodes.get(inst)
+    if st is None:
+        return [], []           # taken from the store and never asked about: nothing kept
+    problems, basis = [], []
+    if st.status != "stable":
+        problems.append(f"is clean but its status is {st.status!r}")
+    elif not st.has_candidate or not _same(inst.value, st.candidate):
+        problems.append(f"holds {inst.value!r}, not its stable candidate {st.candidate!r}")
+    for key, under in st.made_under.items():
+        if key[3] == st.revision and key in st.ledger:
+            what = f"the verdict {key[0]} / {key[2]!r} on revision {key[3]}"
+            basis.extend((what, d, at) for d, at in under)
+    node = inst.cell
+    if not node.validators and (node.recheck is None or not st.regressions):
+        basis.extend((f"revision {st.revision}", d, at) for d, at in st.generated_under)
+    return problems, basis
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:
+        return False
+
+
 def _consumed(node, args) -> int | None:
     """The revision of node(*args) that the running computation consumed (for Reject)."""
     try:
@@ -1273,9 +1318,11 @@ def _may_adopt(rt, inst, vh: bytes) -> bool:
         if rt._hash_value(val) == vh:
             if _fingerprint(val) in st.withdrawn:
                 return False
-            # an older context's accepted candidate comes back (change and revert)
+            # an older context's accepted candidate comes back (change and revert); what it
+            # rests on is the stored trace now, checked by content hash
             st.candidate, st.revision, st.has_candidate = val, rev, True
             st.status = "stable"
+            st.made_under, st.generated_under = {}, ()
     return True
 
 

@@ -325,3 +325,26 @@ def test_a_change_seen_before_a_dependency_that_waits_is_not_forgotten():
         rt._check()
     assert results[1] == ("y1:c", "stable", "stable", ["D"])
     assert results[None] == results[1]
+
+
+def test_check_reports_a_clean_llm_node_whose_evidence_moved_on():
+    """Invariant I7 can fail: a clean LLM node whose verdicts were made under a dependency
+    tick that is no longer current (the state the bug above left D in), or whose state is not
+    stable, is reported by rt._check()."""
+    rt = incr.Runtime(max_workers=1)
+    _x, C, D, top, _calls = _reader_of_a_reader(rt)
+    with rt:
+        top(0)
+    rt._check()
+    st = rt.llm.nodes[rt._instance(D, (0,), {})]
+    saved = dict(st.made_under)
+    assert any(k[3] == st.revision for k in saved)
+    st.made_under = {k: tuple((d, at - 1) for d, at in under) for k, under in saved.items()}
+    with pytest.raises(AssertionError, match=r"I7: D\(0\) is clean, but the verdict .*quotes_c "
+                                             r"/ 'c' on revision 1 was made under C\(0\)"):
+        rt._check()
+    st.made_under = saved
+    rt._check()
+    st.status = "invalid"
+    with pytest.raises(AssertionError, match=r"I7: D\(0\) is clean but its status is 'invalid'"):
+        rt._check()
