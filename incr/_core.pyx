@@ -685,6 +685,9 @@ cdef class Runtime:
             for n in self.deferred:
                 n.flags &= ~F_DEFERRED
             self.deferred = []
+            for n in todo:               # (I5) one that stays stale waits for the next one
+                if n.observed_by is not None and n.flags & F_DIRTY:
+                    self.dirty_observed.append(n)
             _active.reset(token)
             if self.store is not None:
                 self.flush(bool(errors))
@@ -1195,25 +1198,43 @@ cdef class Runtime:
         # current dependencies, else run it. Returns PUSHED when a dependency was pushed.
         cdef int r
         cdef int invalid = m.flags & F_INVALID
+        cdef Node d
         if self.store is not None and not (m.flags & F_INVALID):
             r = self.probe_step(m, stack, idx)
             if r != NOMATCH:
                 return r
         if self.prefetch is not None and self.executor is not None and not self.frames \
                 and (m.flags & F_HAS_VALUE) and not m.cell.local:
-            # an executor runs it: with its result (reads replayed in run), or set aside now
+            # an executor runs it: with its result (reads replayed in run), or set aside now.
+            # What its new branch read beyond its last run's dependencies (the scan of m.deps
+            # does not see it) is brought up to date first, as a local run would read it
+            for d in self.prefetch.extra.get(m, ()):
+                if d.flags & F_DEFERRED:
+                    m.flags |= F_DEFERRED         # set aside in this pass: m waits with it
+                    self.deferred.append(m)
+                    return DONE
+                if not isinstance(d, Instance) or not _needs_work(d):
+                    continue
+                if d.flags & (F_VERIFYING | F_RUNNING) or (
+                        not (d.flags & F_HAS_VALUE) and d in self.failed):
+                    # it failed in this pass, or m's new branch reads what is being verified
+                    # now: m runs here, and meets that where it reads it, as a local run would
+                    self.prefetch.local.add(m)
+                    break
+                m.flags |= F_MUST_RUN             # back on top of the stack, m runs
+                d.flags |= F_VERIFYING
+                stack.append(d)
+                idx.append(0)
+                return PUSHED
             r = self.prefetch.ship(m)
             if r == 0:
                 m.flags |= F_DEFERRED
                 self.deferred.append(m)
                 return DONE
-            if r == 2:                    # it read something it was not given: that first
-                d = self.prefetch.missing_node(m)
-                if d is not None and _needs_work(d) and not (d.flags & (F_VERIFYING | F_RUNNING)):
-                    d.flags |= F_VERIFYING
-                    stack.append(d)
-                    idx.append(0)
-                    return PUSHED
+            if r == 2:
+                # it read something it was not given: that is among its extra dependencies
+                # now (or m runs here), and the run is sent again once it is up to date
+                self.prefetch.missing_node(m)
                 return self.attempt(m, stack, idx)
             if r == 1:
                 self.remote = m
