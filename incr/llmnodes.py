@@ -259,7 +259,6 @@ def _safe(x: Any) -> Any:
 # are: str, valid UTF-8. Its payload (counterexample, evidence) is any value incr's codec
 # encodes, or else any value with a repr(), which is what a store keeps of it.
 _TEXTS = {"case": "a str naming the check", "message": "a str", "reason": "a str"}
-_PAYLOADS = ("counterexample", "evidence")
 
 
 def _short(x: Any) -> str:
