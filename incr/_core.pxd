@@ -16,7 +16,15 @@
 #   I3  `dependents` is exactly the reverse of `deps`, as multisets;
 #   I4  timestamps order the trace: every dep d of n has d.ts < n.ts;
 #   I5  an observed instance that is dirty or has no value is in Runtime.dirty_observed;
-#   I6  outside a running computation no instance is RUNNING and the frame stack is empty.
+#   I6  outside a running computation no instance is RUNNING and the frame stack is empty;
+#       outside stabilize no instance is DEFERRED;
+#   I7  a clean instance holds no value computed from a dependency revision that has since been
+#       withdrawn or changed without it being verified again. For plain cells that is I1+I2;
+#       an LLM node's candidate also rests on evidence: its state (incr.llmnodes) records, for
+#       each verdict on the current revision, what the run had read before it (and, for a node
+#       with nothing to validate with, what the candidate's generation read), with the tick of
+#       each; a clean LLM node is `stable`, holds that candidate, and none of those ticks moved
+#       (llmnodes._evidence is the hook).
 
 cdef enum NodeFlag:
     F_DIRTY = 1        # a dependency may have changed since verified_at: verify before use
@@ -26,8 +34,10 @@ cdef enum NodeFlag:
     F_INPUT = 16       # an Input (always clean; changed_at moves on set)
     F_MUST_RUN = 32    # found stale during a deep verification; runs once its deps are ready
     F_INVALID = 64     # withdrawn by evidence (a NACK): runs again, never taken from the store
-    F_DEFERRED = 128   # this stabilize pass set its run aside (an executor runs it) or it waits
-                       # for such a dependency; cleared between passes
+    F_DEFERRED = 128   # this stabilize pass set its run aside (an executor or a worker thread
+                       # does the work) or it waits for such a dependency: it keeps its value,
+                       # dependencies and stamps and is handed to no reader; cleared between
+                       # passes
 
 
 cdef class Node:

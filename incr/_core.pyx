@@ -788,12 +788,10 @@ cdef class Runtime:
             while True:
                 deferred = False
                 for n in todo:
-                    if not (n.flags & F_HAS_VALUE) and n in self.failed:
-                        e = self.failed[n]  # failed earlier in this pass
-                        if isinstance(e, _Deferred):
-                            deferred = True
-                        else:
-                            errors.append((n, e))
+                    if n.flags & F_DEFERRED:
+                        deferred = True     # set aside earlier in this pass
+                    elif not (n.flags & F_HAS_VALUE) and n in self.failed:
+                        errors.append((n, self.failed[n]))  # failed earlier in this pass
                     elif _needs_work(n):
                         try:
                             self.ensure(n)
@@ -849,6 +847,9 @@ cdef class Runtime:
             for n in self.deferred:
                 n.flags &= ~F_DEFERRED
             self.deferred = []
+            for n in todo:               # (I5) one that stays stale waits for the next one
+                if n.observed_by is not None and n.flags & F_DIRTY:
+                    self.dirty_observed.append(n)
             _active.reset(token)
             if self.store is not None:
                 try:
@@ -998,13 +999,15 @@ cdef class Runtime:
         return out
 
     def _check(self):
-        """Verify the trace's invariants (I1–I6 in _core.pxd). For tests: O(trace)."""
+        """Verify the trace's invariants (I1–I7 in _core.pxd). For tests: O(trace)."""
         cdef Instance n
         cdef Node d
         from collections import Counter
         problems = []
         if self.frames:
             problems.append("I6: frames left on the stack")
+        if self.deferred and not self.stabilizing:
+            problems.append("I6: instances left set aside after stabilize")
         dependents_of = {}
         all_nodes = list(self.inputs.values()) + self._instances()
         dirty_obs = {id(x) for x in self.dirty_observed}
@@ -1014,6 +1017,8 @@ cdef class Runtime:
                 lab = n.label()
                 if n.flags & (F_RUNNING | F_VERIFYING):
                     problems.append(f"I6: {lab} is marked running or verifying")
+                if n.flags & F_DEFERRED and not self.stabilizing:
+                    problems.append(f"I6: {lab} is still marked set aside (F_DEFERRED)")
                 for d in n.deps:
                     dependents_of.setdefault(id(d), Counter())[id(n)] += 1
                     if (n.flags & (F_DIRTY | F_HAS_VALUE)) == F_HAS_VALUE and (d.flags & F_DIRTY):
@@ -1029,6 +1034,8 @@ cdef class Runtime:
                     problems.append(f"I5: observed {lab} is dirty or failed but not queued")
                 if (n.flags & F_HAS_VALUE) == 0 and n.value is not None:
                     problems.append(f"{lab} keeps a value from a failed run")
+                if n.cell.is_llm and not _needs_work(n) and self.llm is not None:
+                    problems.extend(_stale_evidence(self, n))
         for node in all_nodes:
             got = Counter(id(x) for x in ((<Node>node).dependents or ()))
             want = dependents_of.get(id(node), Counter())
@@ -1070,13 +1077,16 @@ cdef class Runtime:
             return (<Input>node).get()
         return self.demand(<Instance>node)
 
-    def _invalidate(self, Instance n):
+    def _invalidate(self, Instance n, bint check=False):
         """Withdraw n's value (a NACK on it): n runs again at its next demand, never from
-        the store, and everything that read it is stale, as after an input change."""
+        the store, and everything that read it is stale, as after an input change. With
+        check=True, only raise what withdrawing now would raise (ReentrancyError inside a
+        computation), so that a caller can refuse before it changes anything."""
         self.check_usable()
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy(f"withdraw {n.label()}"))
-        self.invalidate(n)
+        if not check:
+            self.invalidate(n)
 
     def _lend(self, unsigned long ident):
         """Let thread ``ident`` compute for the running frame while its owner waits
@@ -1335,6 +1345,8 @@ cdef class Runtime:
         cdef tuple deps
         cdef Py_ssize_t i, nd
         cdef bint pushed, must_run
+        if n.flags & F_DEFERRED:
+            raise _Deferred(n.label())    # set aside in this pass: whatever reads it waits
         n.flags |= F_VERIFYING
         try:
             while stack:
@@ -1357,8 +1369,13 @@ cdef class Runtime:
                     while i < nd:
                         d = <Node>deps[i]
                         if d.flags & F_DEFERRED:
-                            # its run is set aside for this pass: m waits for the next one
+                            # its run is set aside for this pass: m waits for the next one.
+                            # With an executor the scan goes on (independent work is shipped
+                            # together); without one it stops here, in Salsa's order: d's new
+                            # value may take m's new run away from the dependencies after it
                             m.flags |= F_DEFERRED
+                            if self.executor is None:
+                                break
                             i += 1
                             continue
                         if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
@@ -1410,36 +1427,62 @@ cdef class Runtime:
                     m.persist.cands = None
                     m.persist.resolved = None
             raise
+        if n.flags & F_DEFERRED:
+            raise _Deferred(n.label())    # it waits: its old value is not the answer
         return n.value
 
     cdef int attempt(self, Instance m, list stack, list idx) except -1:
         # m must be (re)computed: take it from the store if a stored trace of it matches the
         # current dependencies, else run it. Returns PUSHED when a dependency was pushed.
         cdef int r
+        cdef int invalid = m.flags & F_INVALID
+        cdef Node d
         if self.store is not None and not (m.flags & F_INVALID):
             r = self.probe_step(m, stack, idx)
             if r != NOMATCH:
                 return r
         if self.prefetch is not None and self.executor is not None and not self.frames \
                 and (m.flags & F_HAS_VALUE) and not m.cell.local:
-            # an executor runs it: with its result (reads replayed in run), or set aside now
+            # an executor runs it: with its result (reads replayed in run), or set aside now.
+            # What its new branch read beyond its last run's dependencies (the scan of m.deps
+            # does not see it) is brought up to date first, as a local run would read it
+            for d in self.prefetch.extra.get(m, ()):
+                if d.flags & F_DEFERRED:
+                    m.flags |= F_DEFERRED         # set aside in this pass: m waits with it
+                    self.deferred.append(m)
+                    return DONE
+                if not isinstance(d, Instance) or not _needs_work(d):
+                    continue
+                if d.flags & (F_VERIFYING | F_RUNNING) or (
+                        not (d.flags & F_HAS_VALUE) and d in self.failed):
+                    # it failed in this pass, or m's new branch reads what is being verified
+                    # now: m runs here, and meets that where it reads it, as a local run would
+                    self.prefetch.local.add(m)
+                    break
+                m.flags |= F_MUST_RUN             # back on top of the stack, m runs
+                d.flags |= F_VERIFYING
+                stack.append(d)
+                idx.append(0)
+                return PUSHED
             r = self.prefetch.ship(m)
             if r == 0:
                 m.flags |= F_DEFERRED
                 self.deferred.append(m)
                 return DONE
-            if r == 2:                    # it read something it was not given: that first
-                d = self.prefetch.missing_node(m)
-                if d is not None and _needs_work(d) and not (d.flags & (F_VERIFYING | F_RUNNING)):
-                    d.flags |= F_VERIFYING
-                    stack.append(d)
-                    idx.append(0)
-                    return PUSHED
+            if r == 2:
+                # it read something it was not given: that is among its extra dependencies
+                # now (or m runs here), and the run is sent again once it is up to date
+                self.prefetch.missing_node(m)
                 return self.attempt(m, stack, idx)
             if r == 1:
                 self.remote = m
         try:
             self.run_in_stack(m, len(stack) == 1)
+        except _Deferred:
+            # its run was set aside (fail() keeps its value and stamps): a withdrawn instance
+            # stays withdrawn, so that the next pass runs it instead of reusing that value
+            m.flags |= invalid
+            raise
         finally:
             self.remote = None
         return DONE
@@ -1477,6 +1520,13 @@ cdef class Runtime:
                         matched = False
                         break
                     p.resolved.append(d)
+                if d.flags & F_DEFERRED:
+                    # set aside in this pass: m waits with it; its lookup starts again then
+                    p.cands = None
+                    p.resolved = None
+                    m.flags |= F_DEFERRED
+                    self.deferred.append(m)
+                    return DONE
                 if isinstance(d, Instance) and _needs_work(d) and not (
                         not (d.flags & F_HAS_VALUE) and d in self.failed):
                     # (an instance that failed in this pass is not pushed again: a mismatch)
@@ -1716,6 +1766,16 @@ cdef class Runtime:
         # read before failing stay as edges, so a reader that caught the exception is made
         # stale when what caused it changes. The exception is kept for the rest of the pass.
         cdef str chain
+        if isinstance(e, _Deferred):
+            # -- set aside (see attempt) ------------------------------------------------------
+            # Not a failure: stabilize runs the work ahead and this run starts again in the
+            # next pass. It leaves nothing behind: n keeps its value, dependencies and stamps,
+            # stays stale, and waits (F_DEFERRED), as does whatever reads it.
+            n.flags = (n.flags & ~F_RUNNING) | F_DEFERRED
+            self.deferred.append(n)
+            if n.observed_by is not None:
+                self.dirty_observed.append(n)
+            return
         n.flags &= ~(F_RUNNING | F_HAS_VALUE | F_DIRTY)
         self.rewire(n, n.deps, reads)
         n.value = None
@@ -1727,11 +1787,6 @@ cdef class Runtime:
         n.ran_rev = self.revision
         n.last_action = A_FAILED
         self.failed[n] = e
-        if isinstance(e, _Deferred):   # set aside, not failed: it runs again in this pass
-            if n.observed_by is not None:
-                self.dirty_observed.append(n)
-            self.raise_ts(n)
-            return
         self.n_failed += 1
         if n.observed_by is not None:
             self.dirty_observed.append(n)
@@ -1948,6 +2003,23 @@ def _group(str message, list errors):
         e = errors[0]
         e.incr_exceptions = list(errors)
         return e
+
+
+def _stale_evidence(Runtime rt, Instance n):
+    # I7 for a clean LLM node instance: its state holds the stable candidate, and nothing its
+    # acceptance rests on (what incr.llmnodes recorded as read before each verdict on the
+    # current revision) changed or was withdrawn since without n being verified again
+    cdef Node d
+    from incr import llmnodes as _llm
+    own, basis = _llm._evidence(rt, n)
+    out = [f"I7: {n.label()} {p}" for p in own]
+    for what, d, at in basis:
+        if d.changed_at != at or _needs_work(d) or d.flags & F_INVALID:
+            out.append(f"I7: {n.label()} is clean, but {what} was made under "
+                       f"{_node_label(d)} as of tick {at}, which has since "
+                       f"{'changed (tick ' + str(d.changed_at) + ')' if d.changed_at != at else 'been withdrawn or made stale'}"
+                       f" without {n.label()} being verified again")
+    return out
 
 
 def _warn_once(Cell cell, str message):

@@ -67,6 +67,12 @@ class Reject(IncrError):
 
     def __init__(self, node, *args, case: str = "rejected", counterexample=None,
                  message: str = ""):
+        from incr import llmnodes as _llm
+        for name, value in (("case", case), ("counterexample", counterexample),
+                            ("message", message)):
+            problem = _llm._field_problem(name, value)
+            if problem is not None:
+                raise TypeError(f"incr.Reject: {problem}")
         self.node = node
         self.node_args = args
         self.case = case

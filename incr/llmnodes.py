@@ -213,6 +213,11 @@ class _Node:
     pending: Any = False                    # what a stabilize pass set aside mid-loop:
                                             # "generate", "judge" or "revalidate"
     withdrawn: set = attrs.Factory(set)     # fingerprints of candidates NACKed from outside
+    # what the evidence rests on, in this process (for Runtime._check, invariant I7): ledger
+    # key -> ((node, changed_at), ...) read by the run before that verdict was recorded; and
+    # the same for the generation of the current candidate. Not stored.
+    made_under: dict = attrs.Factory(dict)
+    generated_under: tuple = ()
 
 
 class _Bookkeeping:
@@ -234,7 +239,7 @@ def _book(rt) -> _Bookkeeping:
 def _fingerprint(value: Any) -> str:
     try:
         return _keys.digest("llm", _keys.encode(value)).hex()
-    except TypeError:
+    except Exception:       # TypeError; or a registered type's encoder that fails
         return "r:" + _keys.digest("llm", repr(value).encode()).hex()
 
 
@@ -246,8 +251,67 @@ def _safe(x: Any) -> Any:
     try:
         _keys.encode(x)
         return x
-    except TypeError:
+    except Exception:
         return repr(x)
+
+
+# What a verdict may hold. Its texts (case, message, reason) are stored and fed back as they
+# are: str, valid UTF-8. Its payload (counterexample, evidence) is any value incr's codec
+# encodes, or else any value with a repr(), which is what a store keeps of it.
+_TEXTS = {"case": "a str naming the check", "message": "a str", "reason": "a str"}
+
+
+def _short(x: Any) -> str:
+    try:
+        r = repr(x)
+    except Exception:
+        return f"a {type(x).__qualname__} whose repr() raises"
+    return (r if len(r) <= 60 else r[:57] + "...") + f" ({type(x).__qualname__})"
+
+
+def _field_problem(name: str, x: Any) -> str | None:
+    """Why ``x`` cannot be the verdict field ``name``, or None."""
+    if name in _TEXTS:
+        if not isinstance(x, str):
+            return f"{name} must be {_TEXTS[name]}, got {_short(x)}"
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"{name} must be valid text (it is stored as UTF-8), got {_short(x)}: {e}"
+        return None
+    try:
+        _keys.encode(x)
+        return None
+    except Exception:       # TypeError; or a registered type's encoder that fails
+        pass
+    try:
+        repr(x)
+        return None
+    except Exception as e:
+        return (f"{name} is {_short(x)}: incr's codec cannot encode it and its repr() raised "
+                f"{type(e).__name__}: {e}; pass a value incr encodes (None, bool, int, float, "
+                f"str, bytes, tuple, list, dict with str keys, frozenset, registered types) or "
+                f"one with a working repr() (a store keeps that repr)")
+
+
+def _verdict_problem(v: Any) -> str | None:
+    """Why ``v`` (an ACK, NACK or UNKNOWN) cannot be recorded, or None."""
+    for name in ("case",) + tuple(f for f in ("counterexample", "evidence", "message",
+                                              "reason") if hasattr(v, f)):
+        p = _field_problem(name, getattr(v, name))
+        if p is not None:
+            return p
+    return None
+
+
+def _usable(v: Any, who: str) -> Any:
+    """``v`` if it can be recorded; otherwise an UNKNOWN that says why (a validator's verdict
+    that incr cannot keep never crashes the loop, and never counts as ACK or NACK)."""
+    p = _verdict_problem(v)
+    if p is None:
+        return v
+    case = v.case if isinstance(v.case, str) and _field_problem("case", v.case) is None else "*"
+    return UNKNOWN(case, f"{who} gave an unusable {v.kind}: {p}")
 
 
 # --- the node --------------------------------------------------------------------------------
@@ -361,12 +425,13 @@ class _Loop:
     def run(self) -> Any:
         st = self.st
         deferred = False
+        taken_in = False      # every change since the last run has been looked at
         try:
             first = st.snapshot is None and st.refs is None
             changed = first or self._reread()
+            taken_in = True
             if changed:
                 st.pending = False
-            if changed:
                 self._new_epoch()
                 if st.has_candidate:
                     if self._vacuous() and not self._withdrawn_now():
@@ -375,20 +440,18 @@ class _Loop:
                         return self._loop_on()
                     # the current candidate is this context's first: it must not come back
                     st.fingerprints[_fingerprint(st.candidate)] = st.revision
+                    st.pending = "revalidate"
                     self._validate(resume="revalidate")
             elif st.pending == "generate":
                 # the last pass set a generator call aside: it goes on where it stopped
-                st.pending = False
                 return self._loop_on()
             elif st.pending == "judge":
                 # the last pass set the validation of a new candidate aside
-                st.pending = False
                 if self._judge():
                     return self._stable()
                 return self._loop_on()
             elif st.pending == "revalidate":
                 # the last pass set the re-validation of the current candidate aside
-                st.pending = False
                 self._validate()
             elif st.failed is not None and st.events == st.failed_events:
                 # nothing changed since it gave up: the same answer, no model call
@@ -410,9 +473,14 @@ class _Loop:
         finally:
             if not deferred:
                 st.pending = False
-            # set aside: keep what this run read and learned (the next pass goes on from
-            # here), but save nothing until the generator's result is in
-            self._keep(save=not deferred)
+                self._keep(save=True)
+            elif taken_in:
+                # set aside mid-loop: keep what this run read and learned, so that the next
+                # pass goes on from here (st.pending says where), but save nothing until the
+                # result is in
+                self._keep(save=False)
+            # else: set aside while re-reading (a dependency waits for its own run). Nothing
+            # was looked at: the snapshot stays as it was, so the next pass sees the change.
 
     def _withdrawn_now(self) -> bool:
         """Was the current candidate NACKed from outside (rt.nack, a Reject)?"""
@@ -422,6 +490,7 @@ class _Loop:
         """Generate, validate, decide, until accepted or a stop condition holds."""
         st = self.st
         while True:
+            st.pending = "generate"   # where a pass that sets this run aside resumes
             stop = self._over_budget()
             if stop:
                 self._fail(stop)
@@ -436,6 +505,8 @@ class _Loop:
             st.candidate, st.has_candidate = cand, True
             st.attempts[-1].revision = st.revision
             st.attempts[-1].fingerprint = fp[:18]
+            st.generated_under = self._basis()
+            st.pending = "judge"
             if self._judge():
                 return self._stable()
 
@@ -461,6 +532,10 @@ class _Loop:
         st.refs = None
         if save:
             _save(self.rt, self.inst, st, reads)
+
+    def _basis(self) -> tuple:
+        """What this run has read so far, with the tick at which each last changed."""
+        return tuple((d, d._changed_at) for d in self.rt._reads())
 
     def _vacuous(self) -> bool:
         """True when re-validation could not look at anything (no validators, no rechecks)."""
@@ -500,6 +575,7 @@ class _Loop:
                 keep[key] = ([v for v in vs if isinstance(v, NACK)],
                              {x for x in d if x[0] == "NACK"})
         st.ledger = keep
+        st.made_under = {}
         st.epoch += 1
         st.evidence = set()
         st.fingerprints = {}      # oscillation is a candidate coming back within one context
@@ -614,7 +690,9 @@ class _Loop:
     def _record(self, vid: str, vver: str, v: Any, regress: bool = True) -> bool:
         """Put one verdict for the current revision in the ledger; True if it is new evidence."""
         st = self.st
-        if not _ledger_add(st, (vid, vver, v.case, st.revision), v, regress):
+        key = (vid, vver, v.case, st.revision)
+        st.made_under[key] = self._basis()   # (the latest confirmation of it counts)
+        if not _ledger_add(st, key, v, regress):
             return False               # the same verdict again counts once
         if st.attempts:
             st.attempts[-1].verdicts.append((vid, v))
@@ -655,7 +733,8 @@ class _Loop:
                 except Exception as e:
                     v = UNKNOWN(r.case, f"recheck raised {type(e).__name__}: {e}")
                 if not isinstance(v, _VERDICTS):
-                    v = UNKNOWN(r.case, f"recheck returned {v!r}, not a verdict")
+                    v = UNKNOWN(r.case, f"recheck returned {_short(v)}, not a verdict")
+                v = _usable(v, "recheck")
                 new |= self._record(rid, "1", v, regress=False)  # a case already kept
         return new
 
@@ -690,15 +769,16 @@ class _Loop:
     def _ahead(self, key: tuple) -> Any:
         """The outcome of a call that ran ahead under ``key``, its reads replayed here (so they
         are this run's dependencies); _NOTHING if none ran, or what it read moved on since."""
-        ahead = self.st.prefetched.pop(key, None)
+        ahead = self.st.prefetched.get(key)
         if ahead is None:
             return _NOTHING
         outcome, reads, _seconds = ahead
         fresh = True
         for d, at in reads:
-            self.rt._read(d)
+            self.rt._read(d)      # (a read that waits sets this run aside: the result stays)
             if d._changed_at != at:
                 fresh = False
+        del self.st.prefetched[key]
         return outcome if fresh else _NOTHING
 
     def _own(self, e: Reject) -> bool:
@@ -734,19 +814,20 @@ class _Loop:
         try:
             res = val.fn(cand, *self.args, **self.kwargs)
             if isinstance(res, _VERDICTS):
-                out.append(res)
+                out.append(_usable(res, val.id))
             elif res is None:
                 pass
             else:
                 for v in res:
                     if not isinstance(v, _VERDICTS):
-                        out.append(UNKNOWN("*", f"{val.id} produced {v!r}, not a verdict"))
+                        out.append(UNKNOWN("*", f"{val.id} produced {_short(v)}, not a "
+                                                f"verdict"))
                         break
-                    out.append(v)
+                    out.append(_usable(v, val.id))
         except Reject as e:
             if not self._own(e):
                 raise
-            out.append(NACK(e.case, e.counterexample, e.message))
+            out.append(_usable(NACK(e.case, e.counterexample, e.message), val.id))
         except Exception as e:
             out.append(UNKNOWN("*", f"{val.id} raised {type(e).__name__}: {e}"))
         if not out:
@@ -897,15 +978,24 @@ def state(rt, node, args, kwargs) -> NodeState:
 
 
 def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
-    """rt.ack / rt.nack: a verdict from outside, bound to ``revision``."""
+    """rt.ack / rt.nack: a verdict from outside, bound to ``revision``. Every argument is
+    checked before anything changes (TypeError naming it; ValueError for a revision the node
+    never had; IncrError for a node without a candidate; ReentrancyError inside a
+    computation): a refused verdict leaves the node, its ledger and the store as they were."""
+    if not isinstance(revision, int) or isinstance(revision, bool):
+        raise TypeError(f"rt.{source}: revision must be an int, the candidate revision the "
+                        f"verdict is about (see rt.state(...).revision), got {_short(revision)}")
+    problem = _verdict_problem(verdict)
+    if problem is not None:
+        raise TypeError(f"rt.{source}: {problem}; nothing was recorded")
     inst, st = _instance(rt, node, args, kwargs, source)
     if st is None or not st.revision:
         label = inst.label_text if inst is not None else node.qualname_label
         raise IncrError(f"rt.{source}: {label} has no candidate on this runtime yet")
-    if not isinstance(revision, int) or isinstance(revision, bool) or not \
-            1 <= revision <= st.revision:
+    if not 1 <= revision <= st.revision:
         raise ValueError(f"rt.{source}: revision must be one of the candidate revisions of "
                          f"{st.label} (1..{st.revision}), got {revision!r}")
+    rt._invalidate(inst, check=True)   # a change: refused inside a computation, before it
     must = _note(st, f"rt.{source}", "", verdict, revision)
     _save(rt, inst, st, None)
     if must:
@@ -948,6 +1038,38 @@ def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
     return st.status != "stable"
 
 
+def _evidence(rt, inst) -> tuple[list, list]:
+    """For Runtime._check (invariant I7), on an instance that is clean (not stale, has a
+    value): (problems of its own state, basis). A clean instance holds its stable candidate;
+    the basis is what that candidate's acceptance rests on, as (what, node, changed_at): the
+    reads made before each verdict on the current revision that this process recorded, and,
+    for a node with nothing to validate with, the reads of the candidate's generation. The
+    core checks that none of those nodes changed or was withdrawn since."""
+    st = None if rt.llm is None else rt.llm.nodes.get(inst)
+    if st is None:
+        return [], []           # taken from the store and never asked about: nothing kept
+    problems, basis = [], []
+    if st.status != "stable":
+        problems.append(f"is clean but its status is {st.status!r}")
+    elif not st.has_candidate or not _same(inst.value, st.candidate):
+        problems.append(f"holds {inst.value!r}, not its stable candidate {st.candidate!r}")
+    for key, under in st.made_under.items():
+        if key[3] == st.revision and key in st.ledger:
+            what = f"the verdict {key[0]} / {key[2]!r} on revision {key[3]}"
+            basis.extend((what, d, at) for d, at in under)
+    node = inst.cell
+    if not node.validators and (node.recheck is None or not st.regressions):
+        basis.extend((f"revision {st.revision}", d, at) for d, at in st.generated_under)
+    return problems, basis
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:
+        return False
+
+
 def _consumed(node, args) -> int | None:
     """The revision of node(*args) that the running computation consumed (for Reject)."""
     try:
@@ -973,6 +1095,10 @@ def _absorb_reject(rt, e: Reject):
     st = None if inst is None else _node_of(rt, inst, create=False)
     if st is None or not st.revision:
         e.add_note(f"incr: {node.qualname_label}{e.node_args!r} has no candidate to reject")
+        return None
+    problem = _verdict_problem(NACK(e.case, e.counterexample, e.message))
+    if problem is not None:
+        e.add_note(f"incr: this Reject cannot be recorded: {problem}")
         return None
     rev = e.revision if e.revision is not None else st.revision
     st.rejections += 1
@@ -1026,7 +1152,7 @@ def _node_of(rt, inst, create: bool) -> _Node | None:
 def _enc(x: Any) -> list:
     try:
         return [0, _keys.encode(x)]
-    except TypeError:
+    except Exception:       # TypeError; or a registered type's encoder that fails
         return [1, repr(x)]
 
 
@@ -1191,9 +1317,11 @@ def _may_adopt(rt, inst, vh: bytes) -> bool:
         if rt._hash_value(val) == vh:
             if _fingerprint(val) in st.withdrawn:
                 return False
-            # an older context's accepted candidate comes back (change and revert)
+            # an older context's accepted candidate comes back (change and revert); what it
+            # rests on is the stored trace now, checked by content hash
             st.candidate, st.revision, st.has_candidate = val, rev, True
             st.status = "stable"
+            st.made_under, st.generated_under = {}, ()
     return True
 
 

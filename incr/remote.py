@@ -139,7 +139,6 @@ class Ahead:
         self.extra: dict = {}       # instance -> nodes read beyond its last run's dependencies
         self.restarts: dict = {}
         self.local: set = set()     # instances to run here after an executor failure
-        self.warned = False
 
     # -- generator calls (incr.llmnodes) ------------------------------------------------------
 
@@ -260,6 +259,7 @@ class Ahead:
             return False
         ex = self.rt.executor
         handles = []
+        lost: list = []             # (instance, exception): they run in this process instead
         if tasks:
             for m, (given, keymap) in tasks.items():
                 stamps = [(n, n._changed_at) for n in keymap.values()]
@@ -268,7 +268,7 @@ class Ahead:
                     h = ex.submit(run_remote, cell.fn, cell._signature, cell._param_names,
                                   tuple(m.args), given)
                 except Exception as e:
-                    self._lost(m, e)
+                    lost.append((m, e))
                     continue
                 handles.append((m, keymap, stamps, h))
         if gens:
@@ -280,18 +280,25 @@ class Ahead:
                 outs = [(False, e)] * len(handles)
             for (m, keymap, stamps, _h), (ok, out) in zip(handles, outs):
                 if not ok:
-                    self._lost(m, out)
+                    lost.append((m, out))
                     continue
                 kind, payload, reads = out
                 self.done[m] = (kind, payload, reads, keymap, stamps)
+        if lost:
+            self._lost(lost)
         return True
 
-    def _lost(self, m, e) -> None:
-        self.local.add(m)
-        if not self.warned:
-            self.warned = True
-            warnings.warn(f"incr: the executor could not run {m.label_text} ({type(e).__name__}: "
-                          f"{e}); it runs in this process instead", RuntimeWarning, stacklevel=4)
+    def _lost(self, lost: list) -> None:
+        """The executor could not run these: they run here, and one warning names them all."""
+        for m, _e in lost:
+            self.local.add(m)
+        what = "; ".join(f"{m.label_text} ({type(e).__name__}: {e})" for m, e in lost)
+        if len(lost) == 1:
+            msg = f"incr: the executor could not run {what}; it runs in this process instead"
+        else:
+            msg = (f"incr: the executor could not run {len(lost)} cells: {what}; they run in "
+                   f"this process instead")
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     def _generate(self, todo) -> None:
         workers = self.rt.max_workers or 4

@@ -241,3 +241,100 @@ def threading_lock():
     import threading
 
     return threading.Lock()
+
+
+def branching(rt, ran_file):
+    """pick(k) reads `a`; once `flag` is set, it reads fresh(k) (never computed before) and
+    stale(k) (computed, then made stale by `a`) instead: cells it was not given."""
+    flag = rt.input("flag", False)
+    a = rt.input("a", 1)
+    b = rt.input("b", 2)
+
+    def note(what):
+        with open(ran_file, "a") as f:
+            f.write(f"{what} {os.getpid()}\n")
+
+    @incr.cell(version="1")
+    def fresh(k):
+        note(f"fresh({k})")
+        return b.get() * 100 + k
+
+    @incr.cell(version="1")
+    def stale(k):
+        note(f"stale({k})")
+        return a.get() * 1000 + k
+
+    @incr.cell(version="1")
+    def pick(k):
+        if flag.get():
+            return fresh(k) + stale(k)
+        return a.get() * k
+
+    @incr.cell(version="1", local=True)
+    def both():
+        return pick(1) + pick(10)
+
+    return flag, a, stale, both
+
+
+@pytest.mark.parametrize("executor", [False, True], ids=["local", "dask"])
+def test_a_new_branch_that_reads_a_stale_or_never_computed_cell(client, tmp_path, executor):
+    """A shipped cell whose new branch reads a cell it was not given that is stale, or was never
+    computed: the driver brings that cell up to date (a stale one on the workers too), the run
+    is sent again with it, and the value, what was recomputed and the trace are those of a
+    local run (this used to crash stabilize() with an AttributeError and break I5)."""
+    log = str(tmp_path / "ran")
+    rt = incr.Runtime(executor=DaskExecutor(client) if executor else None)
+    flag, a, stale, both = branching(rt, log)
+    with rt:
+        obs = rt.observe(both)
+        assert obs.value == 11
+        assert (stale(1), stale(10)) == (1001, 1010)     # computed, not read by pick yet
+        ran(log)
+        with rt.batch():
+            flag.set(True)
+            a.set(3)
+        report = rt.stabilize()
+        assert obs.value == (200 + 1 + 3001) + (200 + 10 + 3010)
+        rt._check()
+        assert sorted(report.recomputed) == ["both()", "fresh(1)", "fresh(10)", "pick(1)",
+                                             "pick(10)", "stale(1)", "stale(10)"]
+        runs = ran(log)
+        assert sorted(w for w, _ in runs) == ["fresh(1)", "fresh(10)", "stale(1)", "stale(10)"]
+        if executor:
+            driver = str(os.getpid())
+            assert all(pid != driver for w, pid in runs if w.startswith("stale"))
+        # and the new dependencies are recorded: a change of `a` reaches pick through stale
+        a.set(4)
+        rt.stabilize()
+        assert obs.value == (200 + 1 + 4001) + (200 + 10 + 4010)
+    rt._check()
+
+
+def test_cells_that_fall_back_to_the_driver_are_all_named(client):
+    rt = incr.Runtime(executor=DaskExecutor(client))
+    x = rt.input("x", 1)
+
+    @incr.cell(local=True)
+    def handle():
+        x.get()
+        return threading_lock()
+
+    @incr.cell
+    def uses(i):
+        return (handle() is not None) + i + x.get()
+
+    @incr.cell(local=True)
+    def total():
+        return uses(1) + uses(2)
+
+    with rt:
+        obs = rt.observe(total)
+        x.set(2)
+        with pytest.warns(RuntimeWarning, match="they run in this process instead") as w:
+            rt.stabilize()
+        assert obs.value == (1 + 1 + 2) + (1 + 2 + 2)
+    (warning,) = [x for x in w if "executor could not run" in str(x.message)]
+    assert "2 cells" in str(warning.message)
+    assert "uses(1)" in str(warning.message) and "uses(2)" in str(warning.message)
+    rt._check()

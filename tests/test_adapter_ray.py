@@ -96,3 +96,63 @@ def test_a_ray_worker_killed_mid_task(cluster, tmp_path):
         rt.stabilize()
         assert obs.value == 90 + 3
     rt._check()
+
+
+@pytest.mark.parametrize("executor", [False, True], ids=["local", "ray"])
+def test_a_new_branch_that_reads_a_stale_or_never_computed_cell_on_ray(cluster, tmp_path,
+                                                                       executor):
+    """As on Dask: a shipped cell whose new branch reads a cell it was not given, stale or
+    never computed, gets it brought up to date and is sent again; value, what was recomputed
+    and the trace equal a local run (this used to crash stabilize() with an AttributeError)."""
+    log = str(tmp_path / "ran")
+    rt = incr.Runtime(executor=RayExecutor() if executor else None)
+    flag = rt.input("flag", False)
+    a = rt.input("a", 1)
+    b = rt.input("b", 2)
+
+    def note(what):
+        with open(log, "a") as f:
+            f.write(f"{what} {os.getpid()}\n")
+
+    @incr.cell
+    def fresh(k):
+        note(f"fresh({k})")
+        return b.get() * 100 + k
+
+    @incr.cell
+    def stale(k):
+        note(f"stale({k})")
+        return a.get() * 1000 + k
+
+    @incr.cell
+    def pick(k):
+        if flag.get():
+            return fresh(k) + stale(k)
+        return a.get() * k
+
+    @incr.cell(local=True)
+    def both():
+        return pick(1) + pick(10)
+
+    with rt:
+        obs = rt.observe(both)
+        assert obs.value == 11
+        assert (stale(1), stale(10)) == (1001, 1010)
+        os.remove(log)
+        with rt.batch():
+            flag.set(True)
+            a.set(3)
+        report = rt.stabilize()
+        assert obs.value == (200 + 1 + 3001) + (200 + 10 + 3010)
+        rt._check()
+        assert sorted(report.recomputed) == ["both()", "fresh(1)", "fresh(10)", "pick(1)",
+                                             "pick(10)", "stale(1)", "stale(10)"]
+        with open(log) as f:
+            runs = [line.split() for line in f]
+        assert sorted(w for w, _ in runs) == ["fresh(1)", "fresh(10)", "stale(1)", "stale(10)"]
+        if executor:
+            assert all(pid != str(os.getpid()) for w, pid in runs if w.startswith("stale"))
+        a.set(4)
+        rt.stabilize()
+        assert obs.value == (200 + 1 + 4001) + (200 + 10 + 4010)
+    rt._check()

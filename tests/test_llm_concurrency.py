@@ -206,3 +206,145 @@ def test_a_branch_no_longer_taken_spends_no_model_call_in_stabilize():
         assert obs.value == "Rt1"
     assert calls == ["right"]
     rt._check()
+
+
+def _reader_of_a_reader(rt):
+    """C: an LLM node whose validator reads x; D: an LLM node whose generator and validator
+    read C; top reads D, then C. Returns the input, the nodes, the cell and the model calls."""
+    x = rt.input("x", 0)
+    calls = []
+
+    @incr.validator(version="1")
+    def follows_x(candidate, k):
+        v = x.get()
+        return incr.ACK("x") if f"x{v}" in candidate else incr.NACK("x", counterexample=v)
+
+    @incr.llm(validators=[follows_x], version="c")
+    def C(k, *, previous=None, feedback=()):
+        calls.append("C")
+        return f"c{len(feedback)}@x{x.get()}"     # a NACK makes it write another one
+
+    @incr.validator(version="1")
+    def quotes_c(candidate, k):
+        c = C(k)
+        return incr.ACK("c") if f"[{c}]" in candidate else incr.NACK("c", counterexample=c)
+
+    @incr.llm(validators=[quotes_c], version="d")
+    def D(k, *, previous=None, feedback=()):
+        calls.append("D")
+        return f"D[{C(k)}]"
+
+    @incr.cell
+    def top(k):
+        return D(k) + " / " + C(k)
+
+    return x, C, D, top, calls
+
+
+@pytest.mark.parametrize("change", ["nack", "input"])
+def test_an_llm_node_reading_a_withdrawn_llm_node_is_revalidated_in_stabilize(change):
+    """D's generator and validator read C. When C regenerates (a NACK on it, or a change of
+    the input its validator reads), stabilize() with concurrent calls must re-validate D and
+    regenerate it, exactly as the serial pass does and as a fresh runtime computes."""
+    results = {}
+    for workers in (None, 1):
+        rt = incr.Runtime(max_workers=workers)
+        x, C, D, top, calls = _reader_of_a_reader(rt)
+        with rt:
+            obs = rt.observe(top, 0)
+            assert obs.value == "D[c0@x0] / c0@x0"
+            calls.clear()
+            if change == "nack":
+                rt.nack(C, 0, revision=1, case="bad", counterexample="cex")
+            else:
+                x.set(1)
+            rt.stabilize()
+            rt._check()
+            seen = (obs.value, rt.state(C, 0).status, rt.state(D, 0).status,
+                    rt.state(D, 0).candidate, sorted(calls))
+            # and on a later demand, nothing runs and the value is the same
+            calls.clear()
+            assert top(0) == obs.value and D(0) == rt.state(D, 0).candidate
+            assert calls == []
+        rt._check()
+        results[workers] = seen
+    fresh = incr.Runtime(max_workers=1)
+    x, C, D, top, _calls = _reader_of_a_reader(fresh)
+    with fresh:
+        x.set(1 if change == "input" else 0)
+        from_scratch = top(0)
+    want_c = "c1@x1" if change == "input" else "c1@x0"
+    assert results[1] == (f"D[{want_c}] / {want_c}", "stable", "stable", f"D[{want_c}]",
+                          ["C", "D"])
+    assert results[None] == results[1]
+    # from scratch, D quotes the C it reads (C's text differs: no NACK in its history)
+    assert from_scratch == ("D[c0@x1] / c0@x1" if change == "input" else "D[c0@x0] / c0@x0")
+
+
+def test_a_change_seen_before_a_dependency_that_waits_is_not_forgotten():
+    """D's generator reads y, then C. y and the input C's validator reads change together: D
+    sees y changed, then waits for C, whose re-validation is set aside; C keeps its candidate
+    (nothing a reader could see changed). D must still re-validate in the new context (y
+    moved), as in the serial pass."""
+    results = {}
+    for workers in (None, 1):
+        rt = incr.Runtime(max_workers=workers)
+        x = rt.input("x", 0)
+        y = rt.input("y", 0)
+        calls = []
+
+        @incr.validator(version="1")
+        def looks_at_x(candidate, k):
+            x.get()
+            return incr.ACK("fine")
+
+        @incr.llm(validators=[looks_at_x], version="c")
+        def C(k, *, previous=None, feedback=()):
+            calls.append("C")
+            return "c"
+
+        @incr.validator(version="1")
+        def follows_y(candidate, k):
+            v = y.get()
+            return incr.ACK("y") if candidate.startswith(f"y{v}") else incr.NACK("y", counterexample=v)
+
+        @incr.llm(validators=[follows_y], version="d")
+        def D(k, *, previous=None, feedback=()):
+            calls.append("D")
+            return f"y{y.get()}:{C(k)}"
+
+        with rt:
+            obs = rt.observe(D, 0)
+            calls.clear()
+            with rt.batch():
+                x.set(1)
+                y.set(1)
+            rt.stabilize()
+            results[workers] = (obs.value, rt.state(C, 0).status, rt.state(D, 0).status,
+                                calls)
+        rt._check()
+    assert results[1] == ("y1:c", "stable", "stable", ["D"])
+    assert results[None] == results[1]
+
+
+def test_check_reports_a_clean_llm_node_whose_evidence_moved_on():
+    """Invariant I7 can fail: a clean LLM node whose verdicts were made under a dependency
+    tick that is no longer current (the state the bug above left D in), or whose state is not
+    stable, is reported by rt._check()."""
+    rt = incr.Runtime(max_workers=1)
+    _x, C, D, top, _calls = _reader_of_a_reader(rt)
+    with rt:
+        top(0)
+    rt._check()
+    st = rt.llm.nodes[rt._instance(D, (0,), {})]
+    saved = dict(st.made_under)
+    assert any(k[3] == st.revision for k in saved)
+    st.made_under = {k: tuple((d, at - 1) for d, at in under) for k, under in saved.items()}
+    with pytest.raises(AssertionError, match=r"I7: D\(0\) is clean, but the verdict .*quotes_c "
+                                             r"/ 'c' on revision 1 was made under C\(0\)"):
+        rt._check()
+    st.made_under = saved
+    rt._check()
+    st.status = "invalid"
+    with pytest.raises(AssertionError, match=r"I7: D\(0\) is clean but its status is 'invalid'"):
+        rt._check()

@@ -342,3 +342,168 @@ def test_nack_from_inside_a_cell_is_refused(rt, story):
     with rt:
         with pytest.raises(incr.ReentrancyError):
             meddles()
+
+
+# -- verdicts incr cannot keep ----------------------------------------------------------------
+
+
+class NoRepr:
+    """A value incr's codec cannot encode and whose repr() fails: nothing can keep it."""
+
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+BAD_OUTSIDE = [
+    ("nack", dict(case=object()), "case must be a str"),
+    ("nack", dict(case=3), "case must be a str"),
+    ("nack", dict(case="\ud800"), "case must be valid text"),
+    ("nack", dict(case="c", message=b"bytes"), "message must be a str"),
+    ("nack", dict(case="c", counterexample=NoRepr()), "counterexample is"),
+    ("ack", dict(case="c", evidence=NoRepr()), "evidence is"),
+    ("ack", dict(case=("a", "tuple")), "case must be a str"),
+    ("nack", dict(case="c", revision="1"), "revision must be an int"),
+    ("nack", dict(case="c", revision=True), "revision must be an int"),
+]
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
+@pytest.mark.parametrize("kind,kwargs,match", BAD_OUTSIDE,
+                         ids=[f"{k}-{m.split()[0]}-{i}" for i, (k, _a, m) in enumerate(BAD_OUTSIDE)])
+def test_an_outside_verdict_incr_cannot_keep_is_refused_before_anything_changes(
+        tmp_path, store, kind, kwargs, match):
+    """rt.nack / rt.ack check every argument first: a clear TypeError naming it, and the node,
+    its ledger, rt.revision and the store are as before; later verdicts work; a new process
+    reads the node's state (no damaged record) and does not take a NACKed candidate back."""
+    import warnings
+
+    path = str(tmp_path / "s") if store else None
+    rt = incr.Runtime(store=path)
+    gen = Gen("first", "second")
+
+    @incr.llm(version="1")
+    def node(k, *, previous=None, feedback=()):
+        return gen(k, previous=previous, feedback=feedback)
+
+    with rt:
+        assert node(0) == "first"
+    before = rt.state(node, 0)
+    rev0 = rt.revision
+    kwargs = {"revision": 1, **kwargs}
+    with pytest.raises(TypeError, match=match):
+        getattr(rt, kind)(node, 0, **kwargs)
+    after = rt.state(node, 0)
+    assert (after.status, after.revision, after.candidate, after.checks) == \
+        (before.status, before.revision, before.candidate, before.checks) == \
+        ("stable", 1, "first", {})
+    assert rt.revision == rev0
+    with rt:
+        assert node(0) == "first" and len(gen.calls) == 1     # nothing was withdrawn
+    rt.nack(node, 0, revision=1, case="wrong", counterexample={"want": "second"})
+    with rt:
+        assert node(0) == "second"
+    assert [f.case for f in gen.calls[1]] == ["wrong"]
+    rt._check()
+    rt.close()
+    if store:
+        again = incr.Runtime(store=path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")                       # no DamagedRecordWarning
+            s = again.state(node, 0)
+            assert s.revision == 2 and s.status == "stable"
+            assert s.checks[("rt.nack", "", "wrong", 1)].kind == "NACK"
+            with again:
+                assert node(0) == "second"
+        assert len(gen.calls) == 2
+        again.close()
+
+
+@pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
+def test_a_validator_verdict_incr_cannot_keep_becomes_unknown(tmp_path, store):
+    """A validator that yields a verdict incr cannot record (a case that is not a str, a
+    payload with neither an encoding nor a repr, a reason that is not a str) gets UNKNOWN in its
+    place, with a reason naming the problem; its other verdicts count; nothing crashes, and the
+    state is stored and read back."""
+    import warnings
+
+    path = str(tmp_path / "s") if store else None
+    rt = incr.Runtime(store=path)
+
+    @incr.validator(version="1")
+    def sloppy(candidate, k):
+        yield incr.ACK("fine")
+        yield incr.NACK(7, counterexample="x")                   # case: not a str
+        yield incr.ACK("shown", evidence=NoRepr())
+        yield incr.UNKNOWN("why", reason=3)
+
+    @incr.llm(validators=[sloppy], version="1", budget=incr.Budget(max_attempts=1))
+    def node(k, *, previous=None, feedback=()):
+        return "cand"
+
+    with rt:
+        with pytest.raises(incr.NotAccepted) as e:
+            node(0)
+    assert e.value.reason == "unknown"                          # UNKNOWN, never NACK or ACK
+    checks = rt.state(node, 0).checks
+    got = {(k[2], v.kind): getattr(v, "reason", "") for k, v in checks.items()}
+    assert set(got) == {("fine", "ACK"), ("*", "UNKNOWN"), ("shown", "UNKNOWN"),
+                        ("why", "UNKNOWN")}
+    assert "unusable NACK: case must be a str" in got[("*", "UNKNOWN")]
+    assert "unusable ACK: evidence is" in got[("shown", "UNKNOWN")]
+    assert "unusable UNKNOWN: reason must be a str" in got[("why", "UNKNOWN")]
+    rt._check()
+    rt.close()
+    if store:
+        again = incr.Runtime(store=path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert again.state(node, 0).status == "failed"
+        again.close()
+
+
+def test_a_reject_incr_cannot_keep_is_a_type_error_where_it_is_raised(rt):
+    """incr.Reject checks case, counterexample and message when it is made: inside a cell the
+    cell fails with that TypeError; inside a validator it is an UNKNOWN."""
+    @incr.llm(version="1")
+    def node(k, *, previous=None, feedback=()):
+        return "cand"
+
+    @incr.cell
+    def reader(k):
+        raise incr.Reject(node, k, case=["not", "a", "str"])
+
+    @incr.validator(version="1")
+    def rejects(candidate, k):
+        raise incr.Reject(node2, k, case="c", counterexample=NoRepr())
+
+    @incr.llm(validators=[rejects], version="1", budget=incr.Budget(max_attempts=1))
+    def node2(k, *, previous=None, feedback=()):
+        return "cand2"
+
+    with rt:
+        node(0)
+        with pytest.raises(TypeError, match="incr.Reject: case must be a str"):
+            reader(0)
+        with pytest.raises(incr.NotAccepted):
+            node2(0)
+    assert rt.state(node, 0).status == "stable"
+    (key, v), = rt.state(node2, 0).checks.items()
+    assert v.kind == "UNKNOWN" and "incr.Reject: counterexample is" in v.reason
+
+
+def test_a_verdict_from_inside_a_computation_is_refused_before_anything_changes(rt, story):
+    _request, _ga, _gb, _interpret, write_sql, _run_query = story
+
+    @incr.cell
+    def meddles():
+        write_sql("r")
+        rt.nack(write_sql, "r", revision=1, case="c")
+
+    with rt:
+        write_sql("r")
+        before = rt.state(write_sql, "r")
+        with pytest.raises(incr.ReentrancyError):
+            meddles()
+    after = rt.state(write_sql, "r")
+    assert (after.status, after.checks) == (before.status, before.checks)
+    assert after.status == "stable"

@@ -48,8 +48,17 @@ candidate is handed out) and after every step:
 Stabilizations run generators ahead in worker threads (``_Prefetch``); the generators and
 validators here only read, and record what they saw for the checks above.
 
+A second machine, ``LLMChains``, is differential: a chain of LLM nodes C -> D -> E (D's
+generator and validator read C and a plain cell; E's read D and C), observed through a cell that
+reads D, then C, then E while an input says so. Its generators and validators are deterministic,
+so the same steps with ``max_workers=4`` and ``max_workers=1`` must give the same observed
+values and callbacks, statuses, candidates, calls and reports of what ran; a fresh runtime
+computing the graph gives the same values (up to the tags outside NACKs add), and every stable
+node's candidate is what its validator, run now, accepts. ``rt._check()`` after every step.
+
 Sized for a small machine: INCR_LLM_EXAMPLES (default 300) examples of up to
 INCR_LLM_STEPS (default 30) steps; e.g. ``INCR_LLM_EXAMPLES=3000`` for a long run.
+INCR_LLM_CHAIN_EXAMPLES / INCR_LLM_CHAIN_STEPS size the differential machine (200, 25).
 INCR_LLM_POLICY_EXAMPLES sizes the @given test of the acceptance policy (default 150).
 The last tests of the file are minimal reproductions of bugs the machine found.
 """
@@ -58,6 +67,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
 
 import hypothesis.strategies as st
@@ -753,6 +763,242 @@ LLMFaults.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestLLMFaults = LLMFaults.TestCase
+
+
+# -- chains of LLM nodes: concurrent stabilize == serial == from scratch ----------------------------
+#
+# C, D and E are LLM nodes: D's generator and validator read C (and a plain cell P), E's read D
+# and C; `top` reads D, then C, then (while the input `deep` says so) E, and is observed. The
+# generators and validators are deterministic functions of what they read, of the candidate and
+# of the feedback, so a run with max_workers=4 must give exactly what the same steps give with
+# max_workers=1: every observed value and callback, every node's status, revision and
+# candidate, every generator and validator call. A fresh runtime computing the same graph from
+# scratch gives the same values up to the tags that outside NACKs add (a NACKed candidate
+# never comes back, so the generator then writes the same text with a new tag), and every
+# stable node's candidate is what its validator, run now, accepts. rt._check() (I1–I7) after
+# every step, on both runtimes.
+
+CHAIN = ("C", "D", "E")
+
+
+def _core(candidate: str) -> str:
+    """A candidate without its own tag (what its validator checks)."""
+    return candidate.rsplit("#", 1)[0]
+
+
+def _untagged(value):
+    """A value with every tag removed."""
+    if isinstance(value, tuple):
+        return tuple(_untagged(v) for v in value)
+    return re.sub(r"#\d+", "", value)
+
+
+class Chain:
+    """One runtime with the graph, and what ran on it."""
+
+    def __init__(self, workers, values: dict):
+        rt = self.rt = incr.Runtime(max_workers=workers)
+        inp = self.inputs = {k: rt.input(k, v) for k, v in values.items()}
+        x, y, noise, deep = (inp[k] for k in ("x", "y", "noise", "deep"))
+        self.gens: dict = {n: 0 for n in CHAIN}
+        self.vals: dict = {n: 0 for n in CHAIN}
+        self.changes: list = []
+        chain = self
+
+        @incr.cell
+        def P(k):
+            return x.get() * 10 + y.get()
+
+        def target(name, k):
+            if name == "C":
+                return f"c{x.get()}"
+            if name == "D":
+                return f"d{P(k)}<{C(k)}>"
+            return f"e[{D(k)}|{C(k)}]"
+
+        def generator(name):
+            def gen(k, *, previous=None, feedback=()):
+                t = target(name, k)
+                chain.gens[name] += 1
+                tag = len({f.counterexample for f in feedback if f.case == "human"})
+                # a first guess is wrong while `noise` is set; a NACK on the current candidate
+                # (from its validator or a person) is always answered right
+                guess = noise.get() and not (feedback and feedback[0].case in ("exact", "human"))
+                return f"{t}{'?' if guess else ''}#{tag}"
+            gen.__name__ = gen.__qualname__ = name
+            return gen
+
+        def validator(name):
+            def check(candidate, k):
+                t = target(name, k)
+                chain.vals[name] += 1
+                if _core(candidate) == t:
+                    return incr.ACK("exact")
+                return incr.NACK("exact", counterexample=t)
+            check.__name__ = check.__qualname__ = f"{name}_exact"
+            return incr.validator(check, version="1")
+
+        def node(name):
+            return incr.llm(generator(name), validators=[validator(name)], version=name,
+                            budget=incr.Budget(max_attempts=6))
+
+        C, D, E = node("C"), node("D"), node("E")
+
+        @incr.cell
+        def top(k):
+            out = (D(k), C(k))
+            return out + (E(k),) if deep.get() else out
+
+        self.nodes = {"C": C, "D": D, "E": E}
+        self.top = top
+        self.target = target
+        with rt:
+            self.observer = rt.observe(top, 0)
+        self.observer.on_change(self.changes.append)
+
+    def outcome(self, fn):
+        try:
+            with self.rt:
+                return ("ok", fn())
+        except incr.NotAccepted as e:
+            return ("NotAccepted", e.label, e.reason)
+
+    def state(self, name):
+        try:
+            s = self.rt.state(self.nodes[name], 0)
+        except incr.IncrError:
+            return None
+        return (s.status, s.revision, s.candidate)
+
+    def states(self):
+        return {n: self.state(n) for n in CHAIN}
+
+    def validators_accept(self) -> list:
+        """Problems: a stable node read by top whose candidate its validator, run now on the
+        current values, would not accept."""
+        out = []
+        with self.rt:
+            names = ("C", "D", "E") if self.inputs["deep"].get() else ("C", "D")
+            for n in names:
+                s = self.state(n)
+                if s is not None and s[0] == "stable":
+                    want = self.target(n, 0)
+                    if _core(s[2]) != want:
+                        out.append(f"{n} is stable with {s[2]!r}, its validator wants {want!r}")
+        return out
+
+
+class LLMChains(RuleBasedStateMachine):
+
+    @initialize(x=st.integers(0, 2), y=st.integers(0, 2), noise=st.booleans(),
+                deep=st.booleans())
+    def build(self, x, y, noise, deep):
+        self.values = {"x": x, "y": y, "noise": noise, "deep": deep}
+        self.chains = {4: Chain(4, self.values), 1: Chain(1, self.values)}
+        self.humans = itertools.count()
+        self.nacks = {n: 0 for n in CHAIN}
+        self.compare_fresh = True         # the last step demanded top
+        self.outcomes = {}
+
+    def _both(self, step):
+        return {w: step(c) for w, c in self.chains.items()}
+
+    def _same(self, what, got):
+        assert got[4] == got[1], f"{what}: max_workers=4 gave {got[4]!r}, 1 gave {got[1]!r}"
+
+    @rule(name=st.sampled_from(["x", "y", "noise", "deep"]), v=st.integers(0, 2))
+    def set_input(self, name, v):
+        v = bool(v % 2) if name in ("noise", "deep") else v
+        self.values[name] = v
+        self._both(lambda c: c.inputs[name].set(v))
+        self.compare_fresh = False
+
+    @rule(x=st.integers(0, 2), y=st.integers(0, 2), noise=st.booleans())
+    def change_together(self, x, y, noise):
+        self.values.update(x=x, y=y, noise=noise)
+
+        def step(c):
+            with c.rt.batch():
+                for k in ("x", "y", "noise"):
+                    c.inputs[k].set(self.values[k])
+        self._both(step)
+        self.compare_fresh = False
+
+    @rule(name=st.sampled_from(CHAIN), kind=st.sampled_from(["nack", "nack", "ack"]))
+    def outside_verdict(self, name, kind):
+        states = self._both(lambda c: c.state(name))
+        self._same(f"{name} before rt.{kind}", states)
+        if states[4] is None or (kind == "nack" and self.nacks[name] >= 3):
+            return
+        self.nacks[name] += kind == "nack"
+        cex = f"h{next(self.humans)}"
+
+        def step(c):
+            if kind == "nack":
+                c.rt.nack(c.nodes[name], 0, revision=states[4][1], case="human",
+                          counterexample=cex)
+            else:
+                c.rt.ack(c.nodes[name], 0, revision=states[4][1], case="human")
+        self._both(step)
+        self.compare_fresh = False
+
+    @rule()
+    def stabilize(self):
+        def step(c):
+            try:
+                report = c.rt.stabilize()
+            except incr.NotAccepted as e:
+                return ("NotAccepted", e.label, e.reason), None
+            ran = (sorted(report.recomputed), sorted(report.cutoff))
+            return c.outcome(lambda: c.observer.value), ran
+        both = self._both(step)
+        self._same("what stabilize recomputed and cut off", {w: r for w, (_o, r) in both.items()})
+        got = {w: o for w, (o, _r) in both.items()}
+        self._same("stabilize", got)
+        self.outcomes = got
+        self.compare_fresh = True
+
+    @rule(what=st.sampled_from(["top", "C", "D", "E"]))
+    def demand(self, what):
+        got = self._both(lambda c: c.outcome(
+            lambda: c.top(0) if what == "top" else c.nodes[what](0)))
+        self._same(f"demanding {what}", got)
+        self.outcomes = got
+        self.compare_fresh = what == "top"
+
+    @invariant()
+    def same_as_serial_and_from_scratch(self):
+        if not hasattr(self, "chains"):
+            return
+        for c in self.chains.values():
+            c.rt._check()
+        self._same("node states", self._both(lambda c: c.states()))
+        self._same("generator calls", self._both(lambda c: dict(c.gens)))
+        self._same("validator calls", self._both(lambda c: dict(c.vals)))
+        self._same("observer callbacks", self._both(lambda c: list(c.changes)))
+        got = self.outcomes.get(4)
+        if not self.compare_fresh or got is None or got[0] != "ok":
+            return
+        problems = self.chains[4].validators_accept()
+        assert not problems, problems
+        fresh = Chain(1, self.values)
+        want = fresh.outcome(lambda: fresh.observer.value)
+        assert want[0] == "ok", f"from scratch: {want!r}"
+        assert _untagged(got[1]) == _untagged(want[1]), \
+            f"incremental {got[1]!r}, from scratch {want[1]!r}"
+        for n, s in fresh.states().items():
+            if s is not None:
+                assert self.chains[4].state(n)[0] == s[0], (n, self.chains[4].state(n), s)
+        fresh.rt._check()
+
+
+LLMChains.TestCase.settings = settings(
+    max_examples=int(os.environ.get("INCR_LLM_CHAIN_EXAMPLES", "200")),
+    stateful_step_count=int(os.environ.get("INCR_LLM_CHAIN_STEPS", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestLLMChains = LLMChains.TestCase
 
 
 # -- the acceptance policy, one candidate at a time ------------------------------------------------
