@@ -574,6 +574,9 @@ cdef class Observer:
         """Stop observing; the instance is no longer refreshed by ``stabilize``. Idempotent."""
         if not self.active:
             return
+        rt = self.runtime
+        if rt.busy_depth and rt.busy_thread != PyThread_get_thread_ident():
+            raise IncrError(rt._other_thread())
         self.active = False
         obs = self.node.observed_by
         obs.remove(self)
@@ -727,10 +730,13 @@ cdef class Runtime:
             raise ReentrancyError(self._reentrancy("observe an instance"))
         cdef Instance n = self._instance(cell, args, kwargs)
         o = Observer(self, n)
+        self.enter()     # another thread's pass: IncrError, and nothing is observed
         try:
             self._demand_top(n)
         except Exception as e:
             o.error = e
+        finally:
+            self.leave()
         if n.observed_by is None:
             n.observed_by = []
         n.observed_by.append(o)
@@ -928,7 +934,11 @@ cdef class Runtime:
         context_key, dependency_revisions, checks, status)."""
         self.check_usable()
         from incr import llmnodes as _llm
-        return _llm.state(self, node, args, kwargs)
+        self.enter()
+        try:
+            return _llm.state(self, node, args, kwargs)
+        finally:
+            self.leave()
 
     def nack(self, node, *args, revision, case, counterexample=None, message="", **kwargs):
         """Record a NACK for candidate ``revision`` of node(*args). For the current revision
@@ -937,15 +947,23 @@ cdef class Runtime:
         history (and its counterexample a regression case)."""
         self.check_usable()
         from incr import llmnodes as _llm
-        _llm.outside_verdict(self, node, args, kwargs,
-                             _llm.NACK(case, counterexample, message), revision, "nack")
+        self.enter()   # one thread at a time: another thread's pass gets IncrError
+        try:
+            _llm.outside_verdict(self, node, args, kwargs,
+                                 _llm.NACK(case, counterexample, message), revision, "nack")
+        finally:
+            self.leave()
 
     def ack(self, node, *args, revision, case, evidence=None, **kwargs):
         """Record an ACK for candidate ``revision`` of node(*args) (see nack)."""
         self.check_usable()
         from incr import llmnodes as _llm
-        _llm.outside_verdict(self, node, args, kwargs, _llm.ACK(case, evidence), revision,
-                             "ack")
+        self.enter()
+        try:
+            _llm.outside_verdict(self, node, args, kwargs, _llm.ACK(case, evidence), revision,
+                                 "ack")
+        finally:
+            self.leave()
 
     def close(self):
         """Flush and close the store, and close the runtime. Using it afterwards raises
@@ -1282,13 +1300,15 @@ cdef class Runtime:
                 raise IncrError(self._other_thread())
             if not (n.flags & (F_RUNNING | F_VERIFYING)):
                 self.record_read(n)  # (an edge into a cycle is never recorded)
-        elif self.prefetch is not None and self.prefetch.reading:
+        elif self.prefetch is not None and self.prefetch.reading and self.prefetch.is_worker():
             # a generator running ahead in a worker thread (stabilize with max_workers): it
             # may read what is up to date; anything else waits for the serial pass
             if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
                 self.prefetch.read(n)
                 return n.value
             raise _Deferred(n.label())
+        elif self.busy_depth and self.busy_thread != PyThread_get_thread_ident():
+            raise IncrError(self._other_thread())   # another thread's demand or stabilize
         elif not self.stabilizing:
             if self.closed:
                 self.check_usable()
@@ -1941,6 +1961,8 @@ cdef class Runtime:
 
     cdef void set_input(self, Input inp, object value) except *:
         self.check_usable()
+        if self.busy_depth and self.busy_thread != PyThread_get_thread_ident():
+            raise IncrError(self._other_thread())   # never a mix of old and new in its pass
         if self.frames:
             raise ReentrancyError(self._reentrancy(f"set input {inp.name!r}"))
         if self.stabilizing:

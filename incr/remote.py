@@ -146,6 +146,10 @@ class Ahead:
         """Set ``call`` (no arguments) aside; its outcome goes to ``st.prefetched[key]``."""
         self.pending.append((st, key, call))
 
+    def is_worker(self) -> bool:
+        """True in a worker thread running a call set aside (not in any other thread)."""
+        return getattr(self._local, "log", None) is not None
+
     def read(self, n) -> None:
         log = getattr(self._local, "log", None)
         if log is not None:

@@ -511,3 +511,51 @@ def test_a_second_thread_gets_incr_error_while_the_first_stabilizes():
     t.join()
     assert out and not rt.closed
     rt._check()
+
+
+def test_other_threads_get_incr_error_while_stabilize_waits_for_llm_workers():
+    # while stabilize() waits for generator threads, a demand of a stale cell, a nack and a
+    # state read from an unrelated thread are refused with IncrError (they leaked the
+    # engine's internal _Deferred, or raced the ledger)
+    import threading
+    rt = incr.Runtime(max_workers=2)
+    topic = rt.input("topic", "t0")
+    inside, release = threading.Event(), threading.Event()
+
+    @incr.llm(version="1")
+    def summary(i, *, previous=None, feedback=()):
+        t = topic.get()
+        if t != "t0":
+            inside.set()
+            release.wait(10)
+        return f"{t}-{i}"
+
+    @incr.cell
+    def plain():
+        return topic.get() + "!"
+
+    with rt:
+        obs = [rt.observe(summary, i) for i in range(2)]
+        plain()
+    topic.set("t1")
+    done = []
+    t = threading.Thread(target=lambda: done.append(rt.stabilize()))
+    t.start()
+    try:
+        assert inside.wait(10)
+        got = []
+        for call in (lambda: rt._demand_top(rt._instance(plain, (), {})),
+                     lambda: rt.nack(summary, 0, revision=1, case="c"),
+                     lambda: rt.state(summary, 0)):
+            try:
+                call()
+            except BaseException as e:
+                got.append(type(e))
+        assert got == [incr.IncrError, incr.IncrError, incr.IncrError], got
+    finally:
+        release.set()
+        t.join()
+    assert done and [o.value for o in obs] == ["t1-0", "t1-1"]
+    with rt:
+        assert plain() == "t1!"
+    rt._check()
