@@ -934,11 +934,12 @@ cdef class Runtime:
         context_key, dependency_revisions, checks, status)."""
         self.check_usable()
         from incr import llmnodes as _llm
-        self.enter()
-        try:
-            return _llm.state(self, node, args, kwargs)
-        finally:
-            self.leave()
+        cdef unsigned long me = PyThread_get_thread_ident()
+        if (self.busy_depth and self.busy_thread != me and self.owner != me
+                and not (self.prefetch is not None and self.prefetch.is_worker())):
+            # another thread's pass (a generator or validator of that pass may read it)
+            raise IncrError(self._other_thread())
+        return _llm.state(self, node, args, kwargs)
 
     def nack(self, node, *args, revision, case, counterexample=None, message="", **kwargs):
         """Record a NACK for candidate ``revision`` of node(*args). For the current revision
