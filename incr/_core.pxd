@@ -162,6 +162,7 @@ cdef class Frame:
 
 
 cdef class Runtime:
+    cdef object __weakref__
     cdef long long clock
     cdef readonly long long revision
     cdef long long ts_clock
@@ -175,6 +176,8 @@ cdef class Runtime:
     cdef long long quiet             # id of the frame whose reads are not recorded (untracked)
     cdef unsigned long busy_thread   # the thread in a top-level demand or stabilize, or 0
     cdef int busy_depth
+    cdef str forked_mid_run          # set in a fork()ed child when another thread of the
+                                     # parent was computing on it: the runtime is unusable
     cdef dict failed                 # Instance -> exception, for the current pass only
     cdef int batch_depth
     cdef bint batch_bumped

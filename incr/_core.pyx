@@ -48,6 +48,33 @@ cdef int MAX_REJECTS = 64
 _default_runtime = None
 
 
+import os as _os
+import weakref as _weakref
+_runtimes = _weakref.WeakSet()       # every live runtime, for the fork handler below
+
+
+def _after_fork_in_child():
+    # A runtime that another thread of the parent was computing on when the process forked is
+    # half-way through a run that no thread of the child will finish: it is closed in the
+    # child, with an error that says so. (The forking thread's own runtimes go on as they were.)
+    cdef Runtime rt
+    me = PyThread_get_thread_ident()
+    for r in list(_runtimes):
+        rt = <Runtime>r
+        if rt.busy_depth and rt.busy_thread != me or (rt.frames and rt.owner != me):
+            rt.forked_mid_run = (
+                "this incr.Runtime was computing in another thread when the process forked, "
+                "and that computation does not exist in the child; create a new Runtime in the "
+                "child (on the same store, if it has one)")
+            rt.closed = True
+            rt.busy_depth = 0
+            rt.busy_thread = 0
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def current():
     """The active runtime: the innermost ``with rt:`` in this context, else the process-wide
     in-memory runtime (created on first use)."""
@@ -61,15 +88,21 @@ def current():
 
 
 class _Untracked:
-    __slots__ = ("rt", "saved")
+    __slots__ = ("rt", "saved", "worker")
 
     def __enter__(self):
-        self.rt = current()
-        self.saved = (<Runtime>self.rt).quiet_enter()
+        cdef Runtime rt = <Runtime>current()
+        self.rt = rt
+        self.worker = rt.prefetch is not None and rt.prefetch.is_worker()
+        if self.worker:     # a generator run ahead in a worker thread: its reads are logged
+            rt.prefetch.quiet(1)
+        self.saved = rt.quiet_enter()
         return None
 
     def __exit__(self, *exc):
         (<Runtime>self.rt).quiet = self.saved
+        if self.worker:
+            (<Runtime>self.rt).prefetch.quiet(-1)
         return False
 
 
@@ -143,16 +176,32 @@ cdef inline bint _same_value(object old, object new):
         return _same_float(<double>old, <double>new)
     if t is list or t is tuple or t is dict:
         return _same_deep(old, new)
+    if t is frozenset:
+        return _same_set(old, new)
     try:
         return bool(old == new)
     except Exception:
         return False
 
 
+cdef bint _same_set(object a, object b):
+    # frozensets have no order to pair their elements by: compare their canonical, type-tagged
+    # key forms (frozenset({1}) and frozenset({1.0}) differ, as argument keys do)
+    try:
+        if not a == b:
+            return False
+        return _keys.normalize_args("", ("v",), (a,)) == _keys.normalize_args("", ("v",), (b,))
+    except Exception:
+        return False
+
+
 cdef bint _same_deep(object old, object new):
-    # _same_value for containers, walked on an explicit stack (no recursion)
+    # _same_value for containers, walked on an explicit stack (no recursion). A pair of
+    # containers met again (a value that refers to itself) is not walked twice: cyclic values
+    # compare as far as they can be told apart, and the walk ends.
     cdef list stack = [old, new]
-    cdef object a, b
+    cdef set seen = set()
+    cdef object a, b, pair
     cdef type t
     cdef Py_ssize_t i, n
     while stack:
@@ -163,8 +212,16 @@ cdef bint _same_deep(object old, object new):
         t = type(a)
         if t is not type(b):
             return False
+        if t is list or t is tuple or t is dict:
+            pair = (id(a), id(b))
+            if pair in seen:
+                continue
+            seen.add(pair)
         if t is float:
             if not _same_float(<double>a, <double>b):
+                return False
+        elif t is frozenset:
+            if not _same_set(a, b):
                 return False
         elif t is list or t is tuple:
             n = len(a)
@@ -646,6 +703,8 @@ cdef class Runtime:
         self.quiet = -1
         self.busy_thread = 0
         self.busy_depth = 0
+        self.forked_mid_run = None
+        _runtimes.add(self)
         self.failed = {}
         self.report_log = None
         self.batch_depth = 0
@@ -1219,6 +1278,8 @@ cdef class Runtime:
 
     cdef void check_usable(self) except *:
         if self.closed:
+            if self.forked_mid_run is not None:
+                raise IncrError(self.forked_mid_run)
             raise IncrError("this incr.Runtime is closed; create a new one")
 
     cdef void owe(self, list todo):
@@ -1239,7 +1300,8 @@ cdef class Runtime:
     cdef long long quiet_enter(self):
         # reads of the innermost running frame stop being recorded; returns what to restore
         cdef long long old = self.quiet
-        if self.frames:
+        if self.frames and self.owner == PyThread_get_thread_ident():
+            # (only the thread computing here: in any other thread it changes nothing)
             self.quiet = (<Frame>self.frames[len(self.frames) - 1]).id
         return old
 
@@ -1250,7 +1312,7 @@ cdef class Runtime:
         if self.busy_depth and self.busy_thread != me:
             raise IncrError(self._other_thread())
         if self.closed:
-            raise IncrError("this incr.Runtime is closed; create a new one")
+            self.check_usable()
         self.busy_thread = me
         self.busy_depth += 1
 

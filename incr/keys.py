@@ -50,10 +50,17 @@ def _float_key(v: float) -> str:
     return "nan" if v != v else v.hex()
 
 
-def _norm(v: Any, path: str) -> Any:
+class _TooDeep(Exception):
+    def __init__(self, path: str):
+        self.path = path
+
+
+def _norm(v: Any, path: str, depth: int = 0) -> Any:
     t = type(v)
     if t is str or t is int or v is None:
         return v  # safe raw: bool and float are tagged, so 1, True and 1.0 stay apart
+    if depth > MAX_DEPTH:
+        raise _TooDeep(path)
     if t is bool:
         return ("b", v)
     if t is float:
@@ -61,22 +68,22 @@ def _norm(v: Any, path: str) -> Any:
     if t is bytes:
         return ("y", v)
     if t is tuple:
-        return ("t", tuple(_norm(x, f"{path}[{i}]") for i, x in enumerate(v)))
+        return ("t", tuple(_norm(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)))
     if t is list:
-        return ("l", tuple(_norm(x, f"{path}[{i}]") for i, x in enumerate(v)))
+        return ("l", tuple(_norm(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)))
     if t is dict:
         items = []
         for k, x in v.items():
             if type(k) is not str:
                 raise _Unencodable(f"{path} key {k!r}", k)
-            items.append((k, _norm(x, f"{path}[{k!r}]")))
+            items.append((k, _norm(x, f"{path}[{k!r}]", depth + 1)))
         items.sort(key=lambda kv: kv[0])
         return ("d", tuple(items))
     if t is frozenset:
-        return ("s", frozenset(_norm(x, f"{path}{{}}") for x in v))
+        return ("s", frozenset(_norm(x, f"{path}{{}}", depth + 1) for x in v))
     spec = _registry.get(t)
     if spec is not None:
-        return ("r", spec[0], _norm(spec[1](v), f"{path}<{t.__qualname__}>"))
+        return ("r", spec[0], _norm(spec[1](v), f"{path}<{t.__qualname__}>", depth + 1))
     inputname = getattr(v, "_incr_input_name", None)
     if inputname is not None:
         return ("I", inputname)
@@ -96,6 +103,10 @@ def normalize_args(label: str, names: tuple[str, ...], args: tuple) -> tuple:
                 out.append(_norm(a, name))
             except _Unencodable as e:
                 raise TypeError(f"{label}: {_message(name, e)}") from None
+            except (_TooDeep, RecursionError):
+                raise TypeError(f"{label}: argument {name} is nested deeper than {MAX_DEPTH} "
+                                f"levels, which incr does not key on; pass a flatter value, or "
+                                f"call incr.register_type() for a type that encodes it") from None
     return tuple(out)
 
 

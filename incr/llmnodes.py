@@ -996,25 +996,47 @@ def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
         raise ValueError(f"rt.{source}: revision must be one of the candidate revisions of "
                          f"{st.label} (1..{st.revision}), got {revision!r}")
     rt._invalidate(inst, check=True)   # a change: refused inside a computation, before it
-    must = _note(st, f"rt.{source}", "", verdict, revision)
-    _save(rt, inst, st, None)
-    if must:
-        rt._invalidate(inst)
+    snap = _snapshot(st)
+    try:
+        must = _note(st, f"rt.{source}", "", verdict, revision)
+        _save(rt, inst, st, None)
+        if must:
+            rt._invalidate(inst)
+    except BaseException:
+        # interrupted (Ctrl-C lands at any bytecode): the verdict is not half-recorded. The
+        # node's ledger and status are as before; a withdrawal already done stays (the node
+        # runs again and finds its candidate still stands); the call can simply be repeated.
+        _restore(st, snap)
+        try:
+            _save(rt, inst, st, None)
+        except Exception:
+            pass
+        raise
     rt._commit()          # a verdict from outside is durable when rt.nack/rt.ack returns
+
+
+def _snapshot(st: _Node) -> tuple:
+    """What an outside verdict changes in a node's state, copied (see _restore)."""
+    return ({k: (list(vs), set(d)) for k, (vs, d) in st.ledger.items()}, st.status, st.events,
+            set(st.withdrawn), list(st.regressions))
+
+
+def _restore(st: _Node, snap: tuple) -> None:
+    st.ledger, st.status, st.events, st.withdrawn, st.regressions = snap
 
 
 def _ledger_add(st: _Node, key: tuple, v: Any, regress: bool = True) -> bool:
     """Add verdict ``v`` under ``key`` (validator id, version, case, revision); False if the
     same verdict is there already. A NACK's counterexample becomes a regression case."""
     entry = st.ledger.get(key)
-    if entry is None:
-        entry = st.ledger[key] = ([], set())
-    vs, distinct = entry
+    vs, distinct = ([], set()) if entry is None else entry
     ident = (v.kind, _cex_key(v) if isinstance(v, NACK) else "")
     if ident in distinct:
         return False
     distinct.add(ident)
     vs.append(v)
+    if entry is None:
+        st.ledger[key] = (vs, distinct)   # never an empty entry, even if interrupted above
     if regress and isinstance(v, NACK) and v.counterexample is not None and \
             all(_cex_key(r) != _cex_key(v) for r in st.regressions):
         st.regressions.append(v)      # a regression case for every later revision

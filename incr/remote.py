@@ -150,9 +150,13 @@ class Ahead:
         """True in a worker thread running a call set aside (not in any other thread)."""
         return getattr(self._local, "log", None) is not None
 
+    def quiet(self, step: int) -> None:
+        """incr.untracked in a worker thread: its reads are not logged (+1 enters, -1 leaves)."""
+        self._local.quiet = getattr(self._local, "quiet", 0) + step
+
     def read(self, n) -> None:
         log = getattr(self._local, "log", None)
-        if log is not None:
+        if log is not None and not getattr(self._local, "quiet", 0):
             log.append((n, n._changed_at))
 
     def stop(self) -> None:

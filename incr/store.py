@@ -184,7 +184,7 @@ def store_path(path: Any) -> str:
                         f"{type(path).__name__}: {path!r:.80}") from None
     if isinstance(p, bytes):
         p = os.fsdecode(p)
-    if p in ("", "."):
+    if p == "" or os.path.normpath(p) == ".":   # "", ".", "./", "sub/..": the current directory
         raise ValueError(f"store must name a directory of its own, got {path!r} (the current "
                          f"directory); for example store='.incr'")
     if "\0" in p:

@@ -559,3 +559,198 @@ def test_other_threads_get_incr_error_while_stabilize_waits_for_llm_workers():
     with rt:
         assert plain() == "t1!"
     rt._check()
+
+
+# -- found by the hostile pass after the fixes -----------------------------------------------
+
+def test_cyclic_values_compare_and_end():
+    rt = incr.Runtime()
+
+    def tree():
+        t = {"name": "root", "children": []}
+        t["children"].append({"name": "leaf", "parent": t})
+        return t
+
+    x = rt.input("x", tree())
+    r = rt.revision
+    x.set(tree())                  # the same value, built again: no revision, and it returns
+    assert rt.revision == r
+    other = tree()
+    other["children"][0]["name"] = "twig"
+    x.set(other)
+    assert rt.revision == r + 1
+
+    @incr.cell
+    def selfref():
+        x.get()
+        a = []
+        a.append(a)
+        return a
+
+    with rt:
+        selfref()
+        x.set(tree())
+        selfref()
+    rt._check()
+
+
+def test_frozenset_elements_keep_their_types():
+    rt = incr.Runtime()
+    s = rt.input("s", frozenset({1}))
+    z = rt.input("z", 0)
+
+    @incr.cell
+    def kinds():
+        return sorted(type(v).__name__ for v in s.get())
+
+    @incr.cell
+    def zero_set():
+        return frozenset({-0.0}) if z.get() else frozenset({0.0})
+
+    @incr.cell
+    def text():
+        return repr(zero_set())
+
+    with rt:
+        assert kinds() == ["int"] and text() == "frozenset({0.0})"
+        s.set(frozenset({1.0}))
+        z.set(1)
+        assert kinds() == ["float"] and text() == "frozenset({-0.0})"
+    rt._check()
+
+
+def test_untracked_in_another_thread_changes_nothing_for_the_running_cell():
+    import threading
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+    entered, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    @incr.cell
+    def f():
+        entered.set()
+        release.wait(5)
+        return x.get() * 10
+
+    def logger():
+        entered.wait(5)
+        with incr.untracked():
+            x.peek()
+            release.set()
+            done.wait(5)
+
+    t = threading.Thread(target=logger)
+    t.start()
+    with rt:
+        assert f() == 10
+    done.set()
+    t.join()
+    x.set(2)
+    with rt:
+        assert f() == 20          # its read of x was recorded
+    rt._check()
+
+
+def test_untracked_in_a_generator_is_untracked_with_workers_too():
+    calls = {}
+    for workers in (1, 4):
+        rt = incr.Runtime(max_workers=workers)
+        topic = rt.input("topic", "cats")
+        verbose = rt.input("verbose", False)
+        n = calls[workers] = []
+
+        @incr.llm(version="1")
+        def write(i, *, previous=None, feedback=()):
+            incr.untracked(verbose.get)
+            n.append(i)
+            return f"about {topic.get()} {i}"
+
+        with rt:
+            obs = [rt.observe(write, i) for i in range(2)]
+        topic.set("dogs")
+        rt.stabilize()
+        before = len(n)
+        verbose.set(True)
+        rt.stabilize()
+        assert len(n) == before, (workers, n)      # not a dependency: no model call
+        assert [o.value for o in obs] == ["about dogs 0", "about dogs 1"]
+        rt._check()
+
+
+def test_a_child_forked_while_another_thread_computes_gets_a_clear_error(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, threading, time, incr
+        rt = incr.Runtime(store={str(tmp_path / 's')!r})
+        x = rt.input("x", 1)
+        started = threading.Event()
+        @incr.cell
+        def slow():
+            started.set()
+            time.sleep(0.5)
+            return x.get() + 1
+        @incr.cell(version="1")
+        def quick():
+            return x.get() * 2
+        t = threading.Thread(target=lambda: rt._demand_top(rt._instance(slow, (), {{}})))
+        t.start()
+        started.wait()
+        pid = os.fork()
+        if pid == 0:
+            out = []
+            try:
+                with rt:
+                    quick()
+                out.append("used")
+            except incr.IncrError as e:
+                out.append("refused: " + str(e))
+            rt.close()                                  # closing is fine
+            rt2 = incr.Runtime(store={str(tmp_path / 's2')!r})
+            y = rt2.input("y", 1)
+            fresh = incr.cell(lambda: y.get() * 2)
+            with rt2:
+                out.append(str(fresh()))
+            rt2.close()
+            print("|".join(out), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        t.join()
+        with rt:
+            assert slow() == 2 and quick() == 2        # the parent goes on
+        rt._check()
+        rt.close()
+    """)
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "|" in r.stdout, (r.stdout, r.stderr[-2000:])
+    refused, value = r.stdout.strip().split("|")
+    assert refused.startswith("refused: ") and "forked" in refused and "new Runtime" in refused
+    assert value == "2"
+
+
+@pytest.mark.parametrize("spelling", ["./", ".//.", "sub/..", b"./"])
+def test_the_current_directory_in_any_spelling_is_not_a_store(tmp_path, monkeypatch, spelling):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ValueError, match="directory of its own"):
+        incr.Runtime(store=spelling)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
+
+
+@pytest.mark.parametrize("depth", [80, 3000])
+def test_deeply_nested_argument_is_a_type_error_naming_cell_and_argument(depth):
+    rt = incr.Runtime()
+
+    @incr.cell
+    def summarize(tree):
+        return 1
+
+    a = []
+    for _ in range(depth):
+        a = [a]
+    with rt, pytest.raises(TypeError, match=r"summarize.*tree.*nested deeper"):
+        summarize(a)
+    cyc = []
+    cyc.append(cyc)
+    with rt, pytest.raises(TypeError, match=r"summarize.*tree"):
+        summarize(cyc)
+    rt._check()
