@@ -74,6 +74,60 @@ _VERDICTS = (ACK, NACK, UNKNOWN)
 _NOTHING = object()   # no outcome (of a call run ahead)
 
 
+# --- async functions: refused (this version runs sync generators and validators only) -------
+
+
+def _async_kind(fn: Any) -> str | None:
+    """What makes ``fn`` async ("a coroutine function", "an async generator function"), or
+    None for a sync callable. An object whose ``__call__`` is async counts; a sync wrapper of
+    an async function (one that runs it with asyncio.run) does not."""
+    for f in (fn, getattr(type(fn), "__call__", None)):
+        if f is None:
+            continue
+        if inspect.iscoroutinefunction(f):
+            return "a coroutine function (async def)"
+        if inspect.isasyncgenfunction(f):
+            return "an async generator function (async def with yield)"
+    return None
+
+
+def _refuse_async(fn: Any, what: str, qual: str) -> None:
+    kind = _async_kind(fn)
+    if kind is not None:
+        raise TypeError(f"{what} {qual!r} is {kind}; this version of incr runs sync "
+                        f"functions only: make it a plain def (it may run a coroutine to "
+                        f"completion inside, e.g. with asyncio.run). A coroutine is never a "
+                        f"candidate or a verdict.")
+
+
+def _awaitable_problem(x: Any) -> str | None:
+    """If ``x`` is something to await (a coroutine, a Future, any object with __await__),
+    close it when it is a coroutine (so that Python does not warn it was never awaited) and
+    say what it is; else None."""
+    if not inspect.isawaitable(x):
+        return None
+    what = "a coroutine" if inspect.iscoroutine(x) else f"an awaitable ({type(x).__qualname__})"
+    close = getattr(x, "close", None) if inspect.iscoroutine(x) else None
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            pass
+    return what
+
+
+def _no_awaitable(node: Any, label: str, out: Any) -> None:
+    """A generator's result must be a candidate: a TypeError naming the generator if it is
+    something to await (a coroutine is closed first)."""
+    what = _awaitable_problem(out.value if isinstance(out, Candidate) else out)
+    if what is not None:
+        qual = getattr(node.gen, "__qualname__", repr(node.gen))
+        raise TypeError(f"incr.llm {qual!r} returned {what} for {label}, not a candidate: "
+                        f"the generator is sync but returned an awaitable (it was closed, "
+                        f"never awaited); await it inside the generator (e.g. with "
+                        f"asyncio.run) or return the value. A coroutine is never a candidate.")
+
+
 @attrs.frozen
 class Candidate:
     """What a generator may return instead of a bare value, to report its cost."""
@@ -130,6 +184,7 @@ class Validator:
     def __init__(self, fn: Callable, version: Any = None, timeout: float | None = None):
         if not callable(fn):
             raise TypeError(f"incr.validator needs a function, got {fn!r}")
+        _refuse_async(fn, "incr.validator", getattr(fn, "__qualname__", repr(fn)))
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"incr.validator {fn.__qualname__}: timeout must be a positive "
                              f"number of seconds or None, got {timeout!r}")
@@ -337,6 +392,7 @@ class LLMNode(Cell):
         if not callable(gen):
             raise TypeError(f"incr.llm needs a function, got {gen!r}")
         qual = getattr(gen, "__qualname__", repr(gen))
+        _refuse_async(gen, "incr.llm", qual)
         validators = tuple(validators)
         for v in validators:
             if not isinstance(v, Validator):
@@ -357,6 +413,9 @@ class LLMNode(Cell):
             raise TypeError(f"incr.llm {qual}: budget must be an incr.Budget, got {budget!r}")
         if recheck is not None and not callable(recheck):
             raise TypeError(f"incr.llm {qual}: recheck must be callable, got {recheck!r}")
+        if recheck is not None:
+            _refuse_async(recheck, f"incr.llm {qual}: recheck=",
+                          getattr(recheck, "__qualname__", repr(recheck)))
         sig = inspect.signature(gen)
         for name in ("previous", "feedback"):
             p = sig.parameters.get(name)
@@ -657,8 +716,11 @@ class _Loop:
                     raise outcome
                 return outcome
             return replay
-        call = lambda: node.gen(*self.args, previous=previous, feedback=feedback,  # noqa: E731
-                                **self.kwargs)
+        def call():
+            out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
+            _no_awaitable(node, st.label, out)
+            return out
+
         pf = rt.prefetch
         if pf is not None and pf.collecting:
             pf.add(st, key, call)
@@ -733,7 +795,8 @@ class _Loop:
                 except Exception as e:
                     v = UNKNOWN(r.case, f"recheck raised {type(e).__name__}: {e}")
                 if not isinstance(v, _VERDICTS):
-                    v = UNKNOWN(r.case, f"recheck returned {_short(v)}, not a verdict")
+                    what = _awaitable_problem(v)      # closed: never awaited, never a verdict
+                    v = UNKNOWN(r.case, f"recheck returned {what or _short(v)}, not a verdict")
                 v = _usable(v, "recheck")
                 new |= self._record(rid, "1", v, regress=False)  # a case already kept
         return new
@@ -817,11 +880,22 @@ class _Loop:
                 out.append(_usable(res, val.id))
             elif res is None:
                 pass
+            elif (what := _awaitable_problem(res)) is not None or inspect.isasyncgen(res):
+                what = what or "an async generator"
+                out.append(UNKNOWN("*", f"{val.id} returned {what}, not verdicts: this "
+                                        f"version runs sync validators only (it was closed, "
+                                        f"never awaited)"))
             else:
                 for v in res:
                     if not isinstance(v, _VERDICTS):
-                        out.append(UNKNOWN("*", f"{val.id} produced {_short(v)}, not a "
-                                                f"verdict"))
+                        what = _awaitable_problem(v)
+                        if what is not None:
+                            out.append(UNKNOWN("*", f"{val.id} yielded {what}, not a verdict: "
+                                                    f"this version runs sync validators only "
+                                                    f"(it was closed, never awaited)"))
+                        else:
+                            out.append(UNKNOWN("*", f"{val.id} produced {_short(v)}, not a "
+                                                    f"verdict"))
                         break
                     out.append(_usable(v, val.id))
         except Reject as e:
