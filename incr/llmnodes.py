@@ -478,6 +478,7 @@ class _Loop:
         st = _node_of(self.rt, inst, create=True)
         self.inst = inst
         self.st = st
+        self.cut_short = False    # stopped at a generator call: the call raised
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -530,7 +531,14 @@ class _Loop:
             deferred = True
             raise
         finally:
-            if not deferred:
+            if self.cut_short and not deferred:
+                # stopped right at a generator call (the call raised): the next
+                # run goes on from there and generates (st.pending stays "generate"), even if
+                # nothing changes meanwhile -- a node with nothing to validate with must not
+                # fall back to the candidate of an older context. The store keeps its last
+                # record, as if this run had not happened.
+                self._keep(save=False)
+            elif not deferred:
                 st.pending = False
                 self._keep(save=True)
             elif taken_in:
@@ -676,6 +684,7 @@ class _Loop:
                 out = call()
             except Exception as e:
                 if not _transient(e):
+                    self.cut_short = True
                     raise
                 st.attempts.append(_Attempt(0, "", feedback, [], 0, 0.0,
                                             time.monotonic() - t0,
@@ -691,6 +700,9 @@ class _Loop:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 continue
+            except BaseException:     # KeyboardInterrupt, SystemExit: the same as an error
+                self.cut_short = True
+                raise
             tokens, cost = 0, 0.0
             if isinstance(out, Candidate):
                 tokens, cost, out = out.tokens, out.cost, out.value
