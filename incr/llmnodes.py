@@ -478,7 +478,7 @@ class _Loop:
         st = _node_of(self.rt, inst, create=True)
         self.inst = inst
         self.st = st
-        self.cut_short = False    # stopped at a generator call: the call raised
+        self.cut_short = False    # stopped at a generator call: halted, or the call raised
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -532,7 +532,7 @@ class _Loop:
             raise
         finally:
             if self.cut_short and not deferred:
-                # stopped right at a generator call (the call raised): the next
+                # stopped right at a generator call (rt.halt, or the call raised): the next
                 # run goes on from there and generates (st.pending stays "generate"), even if
                 # nothing changes meanwhile -- a node with nothing to validate with must not
                 # fall back to the candidate of an older context. The store keeps its last
@@ -676,6 +676,7 @@ class _Loop:
         previous = st.candidate if st.has_candidate else None
         delay = node.backoff
         while True:
+            self._halt_point()                          # rt.halt: no model call from here
             call = self._call_gen(previous, feedback)   # may set the call aside (_Deferred)
             st.spent_attempts += 1
             self.book.generations += 1
@@ -712,6 +713,21 @@ class _Loop:
                                         time.monotonic() - t0))
             return out
 
+    def _halt_point(self) -> None:
+        """Right before a generator call: if the runtime is halted (rt.halt), stop the loop
+        with NotAccepted("halted") and record nothing more. The node keeps its state (no
+        failure is remembered: after rt.resume() the same demand generates), and what a
+        worker thread generated ahead for it is dropped, so a halted loop never takes a new
+        candidate."""
+        reason = self.rt.halt_reason
+        if reason is None:
+            return
+        st = self.st
+        st.prefetched.clear()
+        self.cut_short = True
+        raise NotAccepted(st.label, "halted", _report(self.node, st, "halted", None, reason),
+                          _best(st), st.spent_attempts)
+
     def _call_gen(self, previous: Any, feedback: tuple) -> Callable[[], Any]:
         """The generator call to make: a result that ran ahead in a worker thread (its reads
         replayed here, so they are recorded as this run's dependencies), or a direct call.
@@ -735,7 +751,13 @@ class _Loop:
 
         pf = rt.prefetch
         if pf is not None and pf.collecting:
-            pf.add(st, key, call)
+            def ahead():       # in a worker thread (incr.remote.Ahead)
+                if rt.halt_reason is not None:
+                    # halted since this call was set aside: it is not made; the next
+                    # (serial) pass meets the halt before the call and stops the loop
+                    raise _Deferred(st.label)
+                return call()
+            pf.add(st, key, ahead)
             st.pending = "generate"
             raise _Deferred(st.label)
         return call
@@ -991,8 +1013,11 @@ def _best(st: _Node) -> Any:
     return None if best is None else st.values[best]
 
 
-def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None) -> str:
+def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None,
+            halt: str | None = None) -> str:
     why = {
+        "halted": f"halted before its next generator call by rt.halt({halt!r}); nothing was "
+                  f"recorded for that call, and after rt.resume() the node generates again",
         "budget": f"the budget ran out ({node.budget})",
         "oscillation": f"the generator came back to revision {repeated}'s candidate",
         "no_progress": "two attempts in a row brought no new evidence",
@@ -1061,6 +1086,26 @@ def state(rt, node, args, kwargs) -> NodeState:
         checks[(vid, vver, case, rev)] = max(vs, key=lambda v: {"NACK": 2, "UNKNOWN": 1}.get(v.kind, 0))
     return NodeState(candidate=st.candidate, revision=st.revision, context_key=key,
                      dependency_revisions=revs, checks=checks, status=st.status)
+
+
+def halt(rt, reason) -> None:
+    """rt.halt(reason): from now on every LLM loop on ``rt`` stops before its next generator
+    call with NotAccepted("halted"). Only sets a flag, so it may be called from any thread and
+    from a signal handler: it takes no lock and does not claim the runtime. A second halt
+    replaces the reason."""
+    if not isinstance(reason, str):
+        raise TypeError(f"rt.halt: reason must be a str saying why, got {_short(reason)}")
+    if not reason:
+        raise ValueError("rt.halt: reason must be a non-empty str saying why")
+    problem = _field_problem("reason", reason)
+    if problem is not None:
+        raise TypeError(f"rt.halt: {problem}")
+    rt.halt_reason = reason
+
+
+def resume(rt) -> None:
+    """rt.resume(): model calls are allowed again (a no-op when not halted)."""
+    rt.halt_reason = None
 
 
 def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
