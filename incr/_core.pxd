@@ -190,6 +190,8 @@ cdef class Runtime:
     cdef readonly str hash
     cdef readonly object max_workers
     cdef public object llm           # incr.llmnodes' bookkeeping for this runtime, or None
+    cdef public object halt_reason   # rt.halt(reason) until rt.resume(), else None: LLM loops
+                                     # stop before their next generator call (incr.llmnodes)
     cdef readonly dict extensions    # per-runtime state of adapters (incr.adapters.*), by name
     cdef public object prefetch      # incr.llmnodes._Prefetch while stabilize gathers generator
                                      # calls and executor runs to make concurrently, else None

@@ -1025,6 +1025,24 @@ cdef class Runtime:
         finally:
             self.leave()
 
+    def halt(self, reason):
+        """Stop every LLM loop on this runtime before its next model (generator) call, with
+        incr.NotAccepted(reason="halted") whose report names ``reason`` (a non-empty str).
+        Nothing partial is recorded. Only sets a flag: callable from any thread or a signal
+        handler. Lasts until rt.resume()."""
+        from incr import llmnodes as _llm
+        _llm.halt(self, reason)
+
+    def resume(self):
+        """Allow model calls again after rt.halt(); the halted demands can simply be repeated."""
+        from incr import llmnodes as _llm
+        _llm.resume(self)
+
+    @property
+    def halted(self):
+        """The reason given to rt.halt() while halted, else None."""
+        return self.halt_reason
+
     def close(self):
         """Flush and close the store, and close the runtime. Using it afterwards raises
         IncrError. Idempotent."""

@@ -36,9 +36,9 @@ class NotAccepted(IncrError):
     """An LLM node's loop stopped without an accepted candidate.
 
     ``reason`` is one of ``"budget"``, ``"oscillation"``, ``"no_progress"``,
-    ``"validator_unstable"``, ``"unknown"``; ``report`` is readable text (attempts, verdicts,
-    counterexamples, why it stopped); ``best`` is the candidate with the most distinct ACKs, or
-    None; ``label`` names the node instance.
+    ``"validator_unstable"``, ``"unknown"``, ``"halted"`` (``rt.halt``); ``report`` is
+    readable text (attempts, verdicts, counterexamples, why it stopped); ``best`` is the
+    candidate with the most distinct ACKs, or None; ``label`` names the node instance.
     """
 
     def __init__(self, label: str, reason: str, report: str, best=None, attempts: int = 0):

@@ -74,6 +74,60 @@ _VERDICTS = (ACK, NACK, UNKNOWN)
 _NOTHING = object()   # no outcome (of a call run ahead)
 
 
+# --- async functions: refused (this version runs sync generators and validators only) -------
+
+
+def _async_kind(fn: Any) -> str | None:
+    """What makes ``fn`` async ("a coroutine function", "an async generator function"), or
+    None for a sync callable. An object whose ``__call__`` is async counts; a sync wrapper of
+    an async function (one that runs it with asyncio.run) does not."""
+    for f in (fn, getattr(type(fn), "__call__", None)):
+        if f is None:
+            continue
+        if inspect.iscoroutinefunction(f):
+            return "a coroutine function (async def)"
+        if inspect.isasyncgenfunction(f):
+            return "an async generator function (async def with yield)"
+    return None
+
+
+def _refuse_async(fn: Any, what: str, qual: str) -> None:
+    kind = _async_kind(fn)
+    if kind is not None:
+        raise TypeError(f"{what} {qual!r} is {kind}; this version of incr runs sync "
+                        f"functions only: make it a plain def (it may run a coroutine to "
+                        f"completion inside, e.g. with asyncio.run). A coroutine is never a "
+                        f"candidate or a verdict.")
+
+
+def _awaitable_problem(x: Any) -> str | None:
+    """If ``x`` is something to await (a coroutine, a Future, any object with __await__),
+    close it when it is a coroutine (so that Python does not warn it was never awaited) and
+    say what it is; else None."""
+    if not inspect.isawaitable(x):
+        return None
+    what = "a coroutine" if inspect.iscoroutine(x) else f"an awaitable ({type(x).__qualname__})"
+    close = getattr(x, "close", None) if inspect.iscoroutine(x) else None
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            pass
+    return what
+
+
+def _no_awaitable(node: Any, label: str, out: Any) -> None:
+    """A generator's result must be a candidate: a TypeError naming the generator if it is
+    something to await (a coroutine is closed first)."""
+    what = _awaitable_problem(out.value if isinstance(out, Candidate) else out)
+    if what is not None:
+        qual = getattr(node.gen, "__qualname__", repr(node.gen))
+        raise TypeError(f"incr.llm {qual!r} returned {what} for {label}, not a candidate: "
+                        f"the generator is sync but returned an awaitable (it was closed, "
+                        f"never awaited); await it inside the generator (e.g. with "
+                        f"asyncio.run) or return the value. A coroutine is never a candidate.")
+
+
 @attrs.frozen
 class Candidate:
     """What a generator may return instead of a bare value, to report its cost."""
@@ -130,6 +184,7 @@ class Validator:
     def __init__(self, fn: Callable, version: Any = None, timeout: float | None = None):
         if not callable(fn):
             raise TypeError(f"incr.validator needs a function, got {fn!r}")
+        _refuse_async(fn, "incr.validator", getattr(fn, "__qualname__", repr(fn)))
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"incr.validator {fn.__qualname__}: timeout must be a positive "
                              f"number of seconds or None, got {timeout!r}")
@@ -337,6 +392,7 @@ class LLMNode(Cell):
         if not callable(gen):
             raise TypeError(f"incr.llm needs a function, got {gen!r}")
         qual = getattr(gen, "__qualname__", repr(gen))
+        _refuse_async(gen, "incr.llm", qual)
         validators = tuple(validators)
         for v in validators:
             if not isinstance(v, Validator):
@@ -357,6 +413,9 @@ class LLMNode(Cell):
             raise TypeError(f"incr.llm {qual}: budget must be an incr.Budget, got {budget!r}")
         if recheck is not None and not callable(recheck):
             raise TypeError(f"incr.llm {qual}: recheck must be callable, got {recheck!r}")
+        if recheck is not None:
+            _refuse_async(recheck, f"incr.llm {qual}: recheck=",
+                          getattr(recheck, "__qualname__", repr(recheck)))
         sig = inspect.signature(gen)
         for name in ("previous", "feedback"):
             p = sig.parameters.get(name)
@@ -419,6 +478,7 @@ class _Loop:
         st = _node_of(self.rt, inst, create=True)
         self.inst = inst
         self.st = st
+        self.cut_short = False    # stopped at a generator call: halted, or the call raised
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -471,7 +531,14 @@ class _Loop:
             deferred = True
             raise
         finally:
-            if not deferred:
+            if self.cut_short and not deferred:
+                # stopped right at a generator call (rt.halt, or the call raised): the next
+                # run goes on from there and generates (st.pending stays "generate"), even if
+                # nothing changes meanwhile -- a node with nothing to validate with must not
+                # fall back to the candidate of an older context. The store keeps its last
+                # record, as if this run had not happened.
+                self._keep(save=False)
+            elif not deferred:
                 st.pending = False
                 self._keep(save=True)
             elif taken_in:
@@ -609,6 +676,7 @@ class _Loop:
         previous = st.candidate if st.has_candidate else None
         delay = node.backoff
         while True:
+            self._halt_point()                          # rt.halt: no model call from here
             call = self._call_gen(previous, feedback)   # may set the call aside (_Deferred)
             st.spent_attempts += 1
             self.book.generations += 1
@@ -617,6 +685,7 @@ class _Loop:
                 out = call()
             except Exception as e:
                 if not _transient(e):
+                    self.cut_short = True
                     raise
                 st.attempts.append(_Attempt(0, "", feedback, [], 0, 0.0,
                                             time.monotonic() - t0,
@@ -632,6 +701,9 @@ class _Loop:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 continue
+            except BaseException:     # KeyboardInterrupt, SystemExit: the same as an error
+                self.cut_short = True
+                raise
             tokens, cost = 0, 0.0
             if isinstance(out, Candidate):
                 tokens, cost, out = out.tokens, out.cost, out.value
@@ -640,6 +712,21 @@ class _Loop:
             st.attempts.append(_Attempt(0, "", feedback, [], tokens, cost,
                                         time.monotonic() - t0))
             return out
+
+    def _halt_point(self) -> None:
+        """Right before a generator call: if the runtime is halted (rt.halt), stop the loop
+        with NotAccepted("halted") and record nothing more. The node keeps its state (no
+        failure is remembered: after rt.resume() the same demand generates), and what a
+        worker thread generated ahead for it is dropped, so a halted loop never takes a new
+        candidate."""
+        reason = self.rt.halt_reason
+        if reason is None:
+            return
+        st = self.st
+        st.prefetched.clear()
+        self.cut_short = True
+        raise NotAccepted(st.label, "halted", _report(self.node, st, "halted", None, reason),
+                          _best(st), st.spent_attempts)
 
     def _call_gen(self, previous: Any, feedback: tuple) -> Callable[[], Any]:
         """The generator call to make: a result that ran ahead in a worker thread (its reads
@@ -657,11 +744,20 @@ class _Loop:
                     raise outcome
                 return outcome
             return replay
-        call = lambda: node.gen(*self.args, previous=previous, feedback=feedback,  # noqa: E731
-                                **self.kwargs)
+        def call():
+            out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
+            _no_awaitable(node, st.label, out)
+            return out
+
         pf = rt.prefetch
         if pf is not None and pf.collecting:
-            pf.add(st, key, call)
+            def ahead():       # in a worker thread (incr.remote.Ahead)
+                if rt.halt_reason is not None:
+                    # halted since this call was set aside: it is not made; the next
+                    # (serial) pass meets the halt before the call and stops the loop
+                    raise _Deferred(st.label)
+                return call()
+            pf.add(st, key, ahead)
             st.pending = "generate"
             raise _Deferred(st.label)
         return call
@@ -733,7 +829,8 @@ class _Loop:
                 except Exception as e:
                     v = UNKNOWN(r.case, f"recheck raised {type(e).__name__}: {e}")
                 if not isinstance(v, _VERDICTS):
-                    v = UNKNOWN(r.case, f"recheck returned {_short(v)}, not a verdict")
+                    what = _awaitable_problem(v)      # closed: never awaited, never a verdict
+                    v = UNKNOWN(r.case, f"recheck returned {what or _short(v)}, not a verdict")
                 v = _usable(v, "recheck")
                 new |= self._record(rid, "1", v, regress=False)  # a case already kept
         return new
@@ -817,11 +914,22 @@ class _Loop:
                 out.append(_usable(res, val.id))
             elif res is None:
                 pass
+            elif (what := _awaitable_problem(res)) is not None or inspect.isasyncgen(res):
+                what = what or "an async generator"
+                out.append(UNKNOWN("*", f"{val.id} returned {what}, not verdicts: this "
+                                        f"version runs sync validators only (it was closed, "
+                                        f"never awaited)"))
             else:
                 for v in res:
                     if not isinstance(v, _VERDICTS):
-                        out.append(UNKNOWN("*", f"{val.id} produced {_short(v)}, not a "
-                                                f"verdict"))
+                        what = _awaitable_problem(v)
+                        if what is not None:
+                            out.append(UNKNOWN("*", f"{val.id} yielded {what}, not a verdict: "
+                                                    f"this version runs sync validators only "
+                                                    f"(it was closed, never awaited)"))
+                        else:
+                            out.append(UNKNOWN("*", f"{val.id} produced {_short(v)}, not a "
+                                                    f"verdict"))
                         break
                     out.append(_usable(v, val.id))
         except Reject as e:
@@ -905,8 +1013,11 @@ def _best(st: _Node) -> Any:
     return None if best is None else st.values[best]
 
 
-def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None) -> str:
+def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None,
+            halt: str | None = None) -> str:
     why = {
+        "halted": f"halted before its next generator call by rt.halt({halt!r}); nothing was "
+                  f"recorded for that call, and after rt.resume() the node generates again",
         "budget": f"the budget ran out ({node.budget})",
         "oscillation": f"the generator came back to revision {repeated}'s candidate",
         "no_progress": "two attempts in a row brought no new evidence",
@@ -975,6 +1086,26 @@ def state(rt, node, args, kwargs) -> NodeState:
         checks[(vid, vver, case, rev)] = max(vs, key=lambda v: {"NACK": 2, "UNKNOWN": 1}.get(v.kind, 0))
     return NodeState(candidate=st.candidate, revision=st.revision, context_key=key,
                      dependency_revisions=revs, checks=checks, status=st.status)
+
+
+def halt(rt, reason) -> None:
+    """rt.halt(reason): from now on every LLM loop on ``rt`` stops before its next generator
+    call with NotAccepted("halted"). Only sets a flag, so it may be called from any thread and
+    from a signal handler: it takes no lock and does not claim the runtime. A second halt
+    replaces the reason."""
+    if not isinstance(reason, str):
+        raise TypeError(f"rt.halt: reason must be a str saying why, got {_short(reason)}")
+    if not reason:
+        raise ValueError("rt.halt: reason must be a non-empty str saying why")
+    problem = _field_problem("reason", reason)
+    if problem is not None:
+        raise TypeError(f"rt.halt: {problem}")
+    rt.halt_reason = reason
+
+
+def resume(rt) -> None:
+    """rt.resume(): model calls are allowed again (a no-op when not halted)."""
+    rt.halt_reason = None
 
 
 def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:

@@ -30,8 +30,10 @@ reach the caller.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -186,6 +188,12 @@ class ChatGenerator:
         # status_code to tell a transient failure (retried) from a real one (raised).
         response = self.client.chat.completions.create(**self.request(prompt, previous,
                                                                       feedback))
+        if inspect.isawaitable(response):
+            if inspect.iscoroutine(response):
+                response.close()        # never awaited, and no "never awaited" warning
+            raise TypeError(f"incr.openai_chat: {type(self.client).__qualname__}."
+                            f"chat.completions.create returned an awaitable: this version of "
+                            f"incr runs sync generators only; use an openai.OpenAI client")
         if not response.choices:
             raise ValueError(f"incr.openai_chat: {self.model} returned no choices")
         choice = response.choices[0]
@@ -215,6 +223,34 @@ class ChatGenerator:
 
     def __repr__(self):
         return f"<incr.openai_chat generator {self.model!r} {self.fingerprint}>"
+
+
+def _refuse_async_client(client: Any) -> None:
+    """A TypeError for a client whose ``chat.completions.create`` must be awaited: the SDK's
+    ``openai.AsyncOpenAI`` / ``openai.AsyncAzureOpenAI``, or any client whose ``create`` is a
+    coroutine function. This version of incr runs sync generators only."""
+    kind = None
+    openai = sys.modules.get("openai")
+    if openai is not None:
+        for name in ("AsyncAzureOpenAI", "AsyncOpenAI"):    # the subclass first
+            cls = getattr(openai, name, None)
+            if isinstance(cls, type) and isinstance(client, cls):
+                kind = f"an openai.{name} client"
+                break
+    if kind is None:
+        try:
+            create = client.chat.completions.create
+        except Exception:
+            create = None
+        if create is not None and (inspect.iscoroutinefunction(create) or
+                                   inspect.iscoroutinefunction(
+                                       getattr(type(create), "__call__", None))):
+            kind = f"a client whose chat.completions.create is async ({type(client).__name__})"
+    if kind is not None:
+        raise TypeError(f"chat_generator: client= is {kind}; this version of incr runs sync "
+                        f"generators only: pass an openai.OpenAI client (or openai."
+                        f"AzureOpenAI), or leave client= out to have one made. A coroutine is "
+                        f"never a candidate.")
 
 
 def chat_generator(model: str, *, system: str | None = None, base_url: str | None = None,
@@ -292,6 +328,7 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
             kw["max_retries"] = max_retries
         client = openai.OpenAI(**kw)
     else:
+        _refuse_async_client(client)
         given = [n for n, v in (("base_url", base_url), ("api_key", api_key),
                                 ("timeout", timeout), ("max_retries", max_retries),
                                 ("client_kwargs", client_kwargs))

@@ -336,6 +336,47 @@ def test_other_generator_errors_propagate_unchanged(rt):
         assert node(0) == "ok"                  # nothing kept: it runs again
 
 
+@pytest.mark.parametrize("stored", [False, True])
+def test_a_generator_error_in_a_new_context_never_falls_back_to_the_old_candidate(
+        stored, tmp_path):
+    """A node with nothing to validate with must generate in a new context. When that call
+    raises, the next demand generates again (it used to return the old context's candidate,
+    the run having taken the change in); with a store, a new process does the same."""
+    calls = []
+
+    def build(rt):
+        topic = rt.input("topic", "t0")
+
+        @incr.llm(version="1")
+        def summary(i, *, previous=None, feedback=()):
+            calls.append(topic.get())
+            if calls == ["t0", "t1"]:
+                raise KeyError("bug")
+            return f"{topic.get()}-{i}"
+        return topic, summary
+
+    rt = incr.Runtime(store=tmp_path / "s" if stored else None)
+    topic, summary = build(rt)
+    with rt:
+        assert summary(0) == "t0-0"
+        topic.set("t1")
+        with pytest.raises(KeyError):
+            summary(0)
+        rt._check()
+        if not stored:
+            assert summary(0) == "t1-0"
+    if stored:
+        rt.close()
+        rt = incr.Runtime(store=tmp_path / "s")
+        topic, summary = build(rt)
+        topic.set("t1")
+        with rt:
+            assert summary(0) == "t1-0"
+    assert calls == ["t0", "t1", "t1"]
+    rt._check()
+    rt.close()
+
+
 def test_generator_must_take_previous_and_feedback():
     with pytest.raises(TypeError, match="previous= and feedback="):
         @incr.llm
