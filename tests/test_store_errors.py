@@ -22,6 +22,7 @@ import lmdb
 import pytest
 
 import incr
+from test_store_reliability import _in_child
 from incr.store import FORMAT, unpack_record
 
 IS_ROOT = os.geteuid() == 0
@@ -312,37 +313,22 @@ def test_forked_child_uses_the_store(tmp_path, how):
         with rt:
             assert add(1) == 11
         _RAN.clear()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:   # the child: report through the pipe, never return into pytest
-            code = 1
-            try:
-                os.close(r)
-                if how == "same runtime":
-                    with rt:
-                        out = {"add1": add(1), "add2": add(2), "ran": list(_RAN),
-                               "hits": rt.stats()["store_hits"]}
-                else:
-                    mine = incr.Runtime(store=path)
-                    add_mine = _make_add(mine.input("x", 10))
-                    with mine:
-                        out = {"add1": add_mine(1), "add2": add_mine(2), "ran": list(_RAN),
-                               "hits": mine.stats()["store_hits"]}
-                    mine.close()
-                os.write(w, json.dumps(out).encode())
-                code = 0
-            except BaseException as e:
-                try:
-                    os.write(w, json.dumps({"error": repr(e)}).encode())
-                except BaseException:
-                    pass
-            finally:
-                os._exit(code)
-        os.close(w)
-        with os.fdopen(r) as f:
-            child = json.loads(f.read() or "{}")
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, child
+
+        def child():   # runs in the fork()ed child (tests/test_store_reliability.py)
+            if how == "same runtime":
+                with rt:
+                    return {"add1": add(1), "add2": add(2), "ran": list(_RAN),
+                            "hits": rt.stats()["store_hits"]}
+            mine = incr.Runtime(store=path)
+            add_mine = _make_add(mine.input("x", 10))
+            with mine:
+                out = {"add1": add_mine(1), "add2": add_mine(2), "ran": list(_RAN),
+                       "hits": mine.stats()["store_hits"]}
+            mine.close()
+            return out
+
+        child = _in_child(child)
+        assert child.pop("warnings") == []
         if how == "same runtime":   # add(1) is in its memory; add(2) is computed and stored
             assert child == {"add1": 11, "add2": 12, "ran": ["add(2)"], "hits": 0}
         else:                       # add(1) from the store; add(2) computed and stored
