@@ -814,7 +814,12 @@ cdef class Runtime:
         stabilization).
 
         Raises the first exception an observed instance raised (after the others were brought
-        up to date and the callbacks of those that succeeded were called).
+        up to date and the callbacks of those that succeeded were called; each observer of a
+        failed instance keeps its exception in ``Observer.error``). Every callback runs even
+        if one raises; their exceptions are raised together afterwards as an ExceptionGroup
+        (with the instance's exception first, if there was one). Interrupted (Ctrl-C), it
+        leaves every observed instance up to date or queued, and the callbacks it did not call
+        to the next pass. From a thread other than the one computing: IncrError.
         """
         self.check_usable()
         if self.frames or self.stabilizing:
