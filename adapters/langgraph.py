@@ -65,6 +65,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
@@ -90,6 +91,7 @@ DB_NAME = b"langgraph"
 # serde types a stored record may carry; "pickle" (or anything else) is never written and a
 # record that carries it is a miss. "incr" is incr's own canonical codec (keys.encode).
 _SERDE_TYPES = frozenset({"msgpack", "json", "null", "bytes", "bytearray"})
+_RECORD_FORMAT = 2          # records without it (IncrCache before 2: writes only) are misses
 _SCHEMA = {"ns": list, "key": str, "code": str, "enc": str, "val": bytes}
 
 
@@ -274,9 +276,12 @@ class IncrCache(BaseCache):
       nodes defined inside functions or lambdas), else from the function LangGraph names in the
       namespace, looked up in already imported modules. A node whose code cannot be found is
       not cached (a miss, one warning), since a stale entry could outlive an edit.
-    - Values: incr's canonical codec when it can encode them; else ``serde`` (default:
-      LangGraph's msgpack with its strict allowlist and no pickle), accepted only if it gives
-      back an equal value. A ``"pickle"`` payload is never written, and never read.
+    - Values: any value ``get`` returns is identical to the one given to ``set`` (same types
+      at every level, same dict order), or ``set`` refuses it: not cached, one
+      ``NotPersistableWarning`` saying why. Stored by incr's canonical codec when it can
+      encode them, else by ``serde`` (default: LangGraph's msgpack with its strict allowlist
+      and no pickle); LangGraph's node writes (``(channel, value)`` tuples) value by value. A
+      ``"pickle"`` payload is never written, and never read, even with a pickling serde.
     - ``hash="blake2b"`` for stores shared with parties you do not trust.
 
     Raises ``incr.StoreError`` when the store cannot be opened.
@@ -363,30 +368,60 @@ class IncrCache(BaseCache):
         return self._ns_key(ns) + _keys.digest(
             "langgraph", b"entry\0" + _keys.encode([code, key]), self.hash)
 
-    def _encode(self, ns: Sequence[str], key: str, code: str, writes: Any,
-                ttl: int | None) -> bytes | None:
-        pairs = [(w[0], w[1]) for w in writes]
+    def _pack_value(self, v: Any) -> tuple[str, bytes]:
+        """``(enc, bytes)`` that give back exactly ``v`` (same types, same dict order): incr's
+        codec when it can, else ``self.serde``. Raises ``_Refused`` saying why not."""
         try:
-            enc, val = "incr", _keys.encode(pairs)
-        except TypeError:
-            try:
-                enc, val = self.serde.dumps_typed([list(p) for p in pairs])
-            except Exception as e:
-                return self._refuse(ns, f"its writes cannot be serialized ({type(e).__name__})")
-            if enc not in _SERDE_TYPES:
-                return self._refuse(ns, f"its writes need {enc!r}, which incr never stores")
-            try:
-                back = self.serde.loads_typed((enc, val))
-                same = [tuple(p) for p in back] == pairs
-            except Exception:
-                same = False
-            if not same:
-                return self._refuse(ns, "its writes do not come back equal through the "
-                                        "serializer's allowlist (add their types to "
-                                        "allowed_msgpack_modules of the serde)")
-            val = bytes(val)
+            b = _keys.encode_value(v)
+            if _same(_keys.decode(b), v):
+                return "incr", b
+        except Exception:
+            pass
+        try:
+            enc, b = self.serde.dumps_typed(v)
+        except Exception as e:
+            raise _Refused(f"its value cannot be serialized ({type(e).__name__}: {e})") from None
+        if enc not in _SERDE_TYPES:
+            raise _Refused(f"its value needs the {enc!r} serialization, which IncrCache never "
+                           f"stores")
+        try:
+            same = _same(self.serde.loads_typed((enc, b)), v)
+        except Exception:
+            same = False
+        if not same:
+            raise _Refused(f"its value ({type(v).__qualname__}) does not come back identical "
+                           f"through the serializer (tuples become lists; types outside "
+                           f"allowed_msgpack_modules come back as dicts)")
+        return enc, bytes(b)
+
+    def _unpack_value(self, enc: str, b: bytes) -> Any:
+        if enc == "incr":
+            return _keys.decode(b)
+        if enc in _SERDE_TYPES:
+            return self.serde.loads_typed((enc, b))
+        raise ValueError(f"payload type {enc!r} is not accepted")
+
+    def _encode(self, ns: Sequence[str], key: str, code: str, value: Any,
+                ttl: int | None) -> bytes | None:
+        # LangGraph's node writes (a deque or list of (channel, value) tuples) are stored
+        # channel by channel, so that a value only LangGraph's serde can write still comes
+        # back inside a tuple; any other value is stored whole. Either way get() returns a
+        # value identical to the one given to set(), or set() refuses it (not cached, one
+        # NotPersistableWarning) -- never a different value.
+        try:
+            if type(value) in (list, deque) and getattr(value, "maxlen", None) is None and all(
+                    type(w) is tuple and len(w) == 2 and type(w[0]) is str for w in value):
+                enc = "writes"
+                val = msgpack.packb(
+                    ["deque" if type(value) is deque else "list",
+                     [[w[0], *self._pack_value(w[1])] for w in value]], use_bin_type=True)
+            else:
+                enc, val = self._pack_value(value)
+        except _Refused as e:
+            return self._refuse(ns, str(e))
         payload = {"ns": list(ns), "key": key, "code": code, "enc": enc, "val": val,
-                   "exp": None if ttl is None else time.time() + ttl, "t": time.time()}
+                   "exp": None if ttl is None else time.time() + ttl, "t": time.time(),
+                   "fmt": _RECORD_FORMAT}
         body = msgpack.packb(payload, use_bin_type=True)
         return HEADER.pack(MAGIC, FORMAT, KIND_LANGGRAPH, len(body), _keys.checksum(body)) + body
 
@@ -423,22 +458,26 @@ class IncrCache(BaseCache):
             return "damaged", "schema"
         if rec["ns"] != list(ns) or rec["key"] != key or rec["code"] != code:
             return "miss", None              # another entry under a colliding hash
+        enc, val = rec["enc"], rec["val"]
+        if enc != "incr" and enc != "writes" and enc not in _SERDE_TYPES:
+            return "damaged", f"payload type {enc!r} is not accepted"
+        if rec.get("fmt") != _RECORD_FORMAT:
+            return "miss", None              # written by an older IncrCache: run the node
         if exp is not None and now >= exp:
             return "expired", None
-        enc, val = rec["enc"], rec["val"]
         try:
-            if enc == "incr":
-                pairs = _keys.decode(val)
-            elif enc in _SERDE_TYPES:
-                pairs = self.serde.loads_typed((enc, val))
-            else:
-                return "damaged", f"payload type {enc!r} is not accepted"
+            if enc != "writes":
+                return "hit", self._unpack_value(enc, val)
+            box, items = msgpack.unpackb(val, raw=False, strict_map_key=True,
+                                         ext_hook=_no_ext)
+            if box not in ("list", "deque") or type(items) is not list or not all(
+                    type(i) is list and len(i) == 3 and type(i[0]) is str
+                    and type(i[1]) is str and type(i[2]) is bytes for i in items):
+                return "damaged", "schema of the writes"
+            writes = [(c, self._unpack_value(e, b)) for c, e, b in items]
         except Exception as e:
             return "damaged", f"value: {type(e).__name__}"
-        if type(pairs) is not list or not all(
-                type(p) in (list, tuple) and len(p) == 2 and type(p[0]) is str for p in pairs):
-            return "damaged", "value is not a list of writes"
-        return "hit", [(p[0], p[1]) for p in pairs]
+        return "hit", deque(writes) if box == "deque" else writes
 
     # -- BaseCache -------------------------------------------------------------------------
 
@@ -543,6 +582,31 @@ class IncrCache(BaseCache):
         if self._owned and self._store is not None:
             _release_store(self._store)
         self._store = None
+
+
+class _Refused(Exception):
+    """A value IncrCache.set will not store, and why."""
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """``a`` and ``b`` are the same value: equal, with the same types at every level of
+    lists, tuples, deques and dicts, and dicts in the same order (NaN is NaN)."""
+    if type(a) is not type(b) or depth > 500:
+        return False
+    t = type(a)
+    if t is float:
+        return a == b or (a != a and b != b)
+    if t in (list, tuple, deque):
+        return len(a) == len(b) and getattr(a, "maxlen", None) == getattr(b, "maxlen", None) \
+            and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if t is dict:
+        return len(a) == len(b) and all(
+            _same(ka, kb, depth + 1) and _same(a[ka], b[kb], depth + 1)
+            for ka, kb in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _no_ext(code: int, data: bytes) -> Any:

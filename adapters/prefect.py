@@ -47,8 +47,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import prefect
-from prefect.cache_policies import NO_CACHE, CachePolicy
+try:
+    import prefect
+    from prefect.cache_policies import NO_CACHE, CachePolicy
+except ImportError as e:  # only without the extra
+    raise ImportError(
+        "incr.adapters.prefect needs Prefect: pip install 'incr[prefect]' "
+        f"(prefect>=3). ({e})") from e
 
 import incr
 from incr import keys as _keys

@@ -10,6 +10,7 @@ test. The method and its biases are in docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -27,6 +28,22 @@ ROOT = HERE.parent
 
 # the peers whose propagation recurses: the chain length at which they first fail is probed
 PROBED = ("reaktiv", "reaktiv_effect")
+# peers that need a package of the [bench] extra: without it their rows are skipped, said once
+NEEDS = {"reaktiv": "reaktiv", "reaktiv_effect": "reaktiv"}
+
+
+def _available(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def unavailable_peers() -> dict[str, str]:
+    """peer -> the missing package it needs (``reaktiv`` without the ``[bench]`` extra)."""
+    missing = {m for m in set(NEEDS.values()) if not _available(m)}
+    return {peer: m for peer, m in NEEDS.items() if m in missing}
 
 
 def _version(dist: str) -> str:
@@ -285,6 +302,14 @@ def main(argv=None) -> int:
         print("WARNING: the machine is busy (load average above 0.5): figures will be noisy")
     print()
 
+    unavailable = unavailable_peers()
+    for pkg in sorted(set(unavailable.values())):
+        peers = ", ".join(p for p, m in unavailable.items() if m == pkg)
+        print(f"{pkg} is not installed: its rows ({peers}) are skipped; "
+              f"pip install -e '.[bench]' to compare with it")
+    if unavailable:
+        print()
+
     timeout = 120 if args.quick else 600
     t_start = time.perf_counter()
     rows: list[dict] = []
@@ -297,7 +322,11 @@ def main(argv=None) -> int:
             if peer_filter and peer not in peer_filter:
                 continue
             cmd = ["run", wl.kind, str(wl.size), peer] + (["quick"] if args.quick else [])
-            row = _child(cmd, timeout)
+            if peer in unavailable:
+                row = {"status": "skipped", "ok": False,
+                       "error": f"{unavailable[peer]} is not installed"}
+            else:
+                row = _child(cmd, timeout)
             row.update(workload=wl.kind, size=wl.size, peer=peer)
             row.setdefault("unit", wl.unit)
             row.setdefault("units_per_op", wl.units_per_op)
@@ -314,7 +343,7 @@ def main(argv=None) -> int:
     if not args.no_probe and (not only or "chain" in only):
         hi = 2_000
         for peer in PROBED:
-            if peer_filter and peer not in peer_filter:
+            if (peer_filter and peer not in peer_filter) or peer in unavailable:
                 continue
             probes[peer] = {"chain": probe_limit(peer, "chain", 50, hi, timeout)}
 

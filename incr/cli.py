@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 import incr
@@ -129,7 +130,9 @@ def demo(store: str | None = ".incr", as_json: bool = False, out=None) -> int:
             w(f"\nThis run computed nothing: every value came from {store} (written by an "
               f"earlier run).\n")
         else:
-            w(f"\n{ran_total} cell runs this time. Run `incr demo` again: a new process will "
+            again = "incr demo --sheet" + ("" if store == ".incr" else
+                                           f" --store {shlex.quote(str(store))}")
+            w(f"\n{ran_total} cell runs this time. Run `{again}` again: a new process will "
               f"take every value from {store} and run nothing.\n")
     return 0
 
@@ -309,7 +312,8 @@ def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_j
     return 0
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """incr's command line: every subcommand and option has a help text."""
     parser = argparse.ArgumentParser(prog="incr", description="incremental computation for Python")
     parser.add_argument("--version", action="version", version=f"incr {incr.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -326,24 +330,32 @@ def main(argv=None) -> int:
     p_demo.add_argument("--base-url", metavar="URL",
                         help="the endpoint for --model (e.g. http://localhost:8080/v1)")
     p_insp = sub.add_parser("inspect", help="list the instances a store holds")
-    p_insp.add_argument("store", metavar="STORE")
-    p_insp.add_argument("--json", action="store_true")
+    p_insp.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
+    p_insp.add_argument("--json", action="store_true",
+                        help="print the instances as JSON instead of a table")
     p_graph = sub.add_parser("graph", help="draw the stored trace (DOT, HTML or JSON)")
-    p_graph.add_argument("store", metavar="STORE")
-    p_graph.add_argument("--format", choices=("dot", "html", "json"), default="dot")
+    p_graph.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
+    p_graph.add_argument("--format", choices=("dot", "html", "json"), default="dot",
+                         help="Graphviz DOT, a standalone HTML page, or JSON (default: dot)")
     p_graph.add_argument("--json", action="store_true", help="same as --format json")
     p_graph.add_argument("-o", "--output", metavar="FILE", help="write to FILE")
     p_gc = sub.add_parser("gc", help="drop entries the latest runs cannot reach")
-    p_gc.add_argument("store", metavar="STORE")
+    p_gc.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
     p_gc.add_argument("--keep-runs", type=int, default=1, metavar="N",
                       help="entries used by the latest N runs are roots (default 1)")
     p_gc.add_argument("--max-bytes", type=int, default=None, metavar="B",
                       help="then drop least recently used entries until under B bytes")
-    p_gc.add_argument("--dry-run", action="store_true")
+    p_gc.add_argument("--dry-run", action="store_true",
+                      help="report what would be dropped; change nothing")
     p_gc.add_argument("--compact", action="store_true",
                       help="then shrink data.mdb to what it holds (not with --dry-run; "
                            "refused while another process has the store open)")
-    p_gc.add_argument("--json", action="store_true")
+    p_gc.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     out = sys.stdout
     try:

@@ -18,6 +18,29 @@ import pytest
 import incr
 
 
+def _adapters_from_this_checkout() -> None:
+    """``incr.adapters`` is the ``adapters/`` directory next to the ``incr`` being tested.
+
+    An editable install maps ``incr.adapters`` to the checkout it was installed from; a test
+    run from another checkout (a git worktree, with PYTHONPATH on it) would otherwise test that
+    checkout's adapters."""
+    import importlib.util
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(incr.__file__))),
+                        "adapters")
+    init = os.path.join(here, "__init__.py")
+    if "incr.adapters" in sys.modules or not os.path.isfile(init):
+        return
+    spec = importlib.util.spec_from_file_location("incr.adapters", init,
+                                                  submodule_search_locations=[here])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["incr.adapters"] = mod
+    spec.loader.exec_module(mod)
+    incr.adapters = mod
+
+
+_adapters_from_this_checkout()
+
+
 class Log:
     """What ran, in order. Cell bodies call ``log(name)``; tests call ``log.take()``."""
 
