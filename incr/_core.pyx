@@ -1608,8 +1608,8 @@ cdef class Runtime:
             try:
                 p.cands = self.candidates(p.ikey)
             except Exception as e:
-                _warnings.warn(f"incr store {self.store_path}: lookup failed ({e}); computing "
-                               f"{m.label()}", DamagedRecordWarning, stacklevel=3)
+                _warn(f"incr store {self.store_path}: lookup failed ({e}); computing "
+                      f"{m.label()}", DamagedRecordWarning)
                 p.cands = []
             p.ci = 0
             p.di = 0
@@ -1659,9 +1659,9 @@ cdef class Runtime:
                 try:
                     self.adopt(m, rec, resolved)
                 except _keys.DecodeError as e:
-                    _warnings.warn(f"incr store {self.store_path}: the stored value of "
-                                   f"{m.label()} does not decode ({e}); recomputing",
-                                   DamagedRecordWarning, stacklevel=3)
+                    _warn(f"incr store {self.store_path}: the stored value of "
+                          f"{m.label()} does not decode ({e}); recomputing",
+                          DamagedRecordWarning)
                     self.n_store_misses += 1
                     return NOMATCH
                 return DONE
@@ -2130,10 +2130,30 @@ def _stale_evidence(Runtime rt, Instance n):
     return out
 
 
+import sys as _sys
+cdef str _INCR_DIR = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
+
+
+def _user_level():
+    # the stacklevel that names the user's line: compiled functions have no Python frame, so
+    # a fixed level walks past the caller (to "sys:1"); count the innermost Python frames that
+    # belong to incr itself instead
+    f = _sys._getframe(0)
+    level = 1
+    while f is not None and f.f_code.co_filename.startswith(_INCR_DIR):
+        f = f.f_back
+        level += 1
+    return level if f is not None else 1
+
+
+def _warn(message, category):
+    _warnings.warn(message, category, stacklevel=_user_level())
+
+
 def _warn_once(Cell cell, str message):
     if not getattr(cell, "_incr_warned", False):
         setattr(cell, "_incr_warned", True)
-        _warnings.warn(message, NotPersistableWarning, stacklevel=4)
+        _warn(message, NotPersistableWarning)
 
 
 def _ts_key(Instance n):

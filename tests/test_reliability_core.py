@@ -754,3 +754,17 @@ def test_deeply_nested_argument_is_a_type_error_naming_cell_and_argument(depth):
     with rt, pytest.raises(TypeError, match=r"summarize.*tree"):
         summarize(cyc)
     rt._check()
+
+
+def test_not_persistable_warning_names_the_users_line(tmp_path):
+    rt = incr.Runtime(store=str(tmp_path / "s"))
+
+    @incr.cell
+    def opaque():
+        return object()
+
+    with rt, pytest.warns(incr.NotPersistableWarning, match="value") as caught:
+        opaque()                      # the line the warning must point at
+    assert caught[0].filename == __file__, (caught[0].filename, caught[0].lineno)
+    assert "argument" not in str(caught[0].message)
+    rt.close()
