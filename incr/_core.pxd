@@ -217,6 +217,7 @@ cdef class Runtime:
     cdef bint absorb_reject(self, BaseException e) except -1
     cdef list refs(self, object nodes, list stored=*)
     cdef void check_usable(self) except *
+    cdef bint other_busy(self)
     cdef void enter(self) except *
     cdef long long quiet_enter(self)
     cdef void owe(self, list todo)

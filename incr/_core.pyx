@@ -631,9 +631,8 @@ cdef class Observer:
         """Stop observing; the instance is no longer refreshed by ``stabilize``. Idempotent."""
         if not self.active:
             return
-        rt = self.runtime
-        if rt.busy_depth and rt.busy_thread != PyThread_get_thread_ident():
-            raise IncrError(rt._other_thread())
+        if self.runtime.other_busy():
+            raise IncrError(self.runtime._other_thread())
         self.active = False
         obs = self.node.observed_by
         obs.remove(self)
@@ -906,20 +905,19 @@ cdef class Runtime:
                 todo.sort(key=_ts_key)
             done = True
         finally:
-            if not done:
-                # interrupted (Ctrl-C, any exception): every observed instance that is not
-                # up to date stays queued for the next pass (I5), and the callbacks of those
-                # brought up to date are owed to the next pass
-                self.owe(todo)
             self.stabilizing = False
             self.prefetch = None
             self.report_log = None
             for n in self.deferred:
                 n.flags &= ~F_DEFERRED
             self.deferred = []
-            for n in todo:               # (I5) one that stays stale waits for the next one
-                if n.observed_by is not None and n.flags & F_DIRTY:
+            for n in todo:       # (I5) one not up to date (still stale, failed, interrupted)
+                if n.observed_by is not None and _needs_work(n):   # waits for the next pass
                     self.dirty_observed.append(n)
+            if not done:
+                # interrupted (Ctrl-C, any exception): the callbacks of what was brought up to
+                # date are owed to the next pass
+                self.owe(todo)
             _active.reset(token)
             if self.store is not None:
                 try:
@@ -998,8 +996,7 @@ cdef class Runtime:
         context_key, dependency_revisions, checks, status)."""
         self.check_usable()
         from incr import llmnodes as _llm
-        cdef unsigned long me = PyThread_get_thread_ident()
-        if (self.busy_depth and self.busy_thread != me and self.owner != me
+        if (self.other_busy() and self.owner != PyThread_get_thread_ident()
                 and not (self.prefetch is not None and self.prefetch.is_worker())):
             # another thread's pass (a generator or validator of that pass may read it)
             raise IncrError(self._other_thread())
@@ -1054,7 +1051,7 @@ cdef class Runtime:
         if self.closed:
             return
         if self.frames or self.stabilizing or self.busy_depth:
-            if self.busy_thread != 0 and self.busy_thread != PyThread_get_thread_ident():
+            if self.other_busy():
                 raise IncrError(f"cannot close this incr.Runtime while another thread computes "
                                 f"on it; close it from that thread, or once it has finished")
             raise ReentrancyError(self._reentrancy("close the runtime"))
@@ -1306,16 +1303,12 @@ cdef class Runtime:
             raise IncrError("this incr.Runtime is closed; create a new one")
 
     cdef void owe(self, list todo):
-        # after an interrupted pass: what still needs work stays queued, and the observers
-        # of what was brought up to date get their callbacks from the next pass
+        # after an interrupted pass: the observers of what was brought up to date get their
+        # callbacks from the next pass (what still needs work is queued by the pass itself)
         cdef Instance n
         cdef Observer o
         for n in todo:
-            if n.observed_by is None:
-                continue
-            if _needs_work(n):
-                self.dirty_observed.append(n)
-            else:
+            if n.observed_by is not None and not _needs_work(n):
                 for o in n.observed_by:
                     if o.seen_at != n.changed_at:
                         self.unnotified.append(o)
@@ -1328,15 +1321,18 @@ cdef class Runtime:
             self.quiet = (<Frame>self.frames[len(self.frames) - 1]).id
         return old
 
+    cdef inline bint other_busy(self):
+        # another thread is in a top-level demand or stabilize of this runtime
+        return self.busy_depth and self.busy_thread != PyThread_get_thread_ident()
+
     cdef void enter(self) except *:
         # a top-level demand or stabilize begins: one thread at a time. Check and claim run
         # with no Python call in between, so under the GIL no other thread slips in.
-        cdef unsigned long me = PyThread_get_thread_ident()
-        if self.busy_depth and self.busy_thread != me:
+        if self.other_busy():
             raise IncrError(self._other_thread())
         if self.closed:
             self.check_usable()
-        self.busy_thread = me
+        self.busy_thread = PyThread_get_thread_ident()
         self.busy_depth += 1
 
     cdef void leave(self):
@@ -1349,15 +1345,14 @@ cdef class Runtime:
         # TypeError, naming the cell and the argument, if an argument cannot be keyed.
         cdef object owned = None
         key = _fast_key(bound)
-        if key is None:
+        cdef bint fast = key is not None
+        if not fast:
             key = normalize_args(c.qualname_label, c.param_names, bound)
-            n = table.get(key)
-            if n is None and create:
-                owned = _keys.own_args(bound)   # the instance never shares the caller's objects
-        else:
-            n = table.get(key)
+        n = table.get(key)
         if n is None and create:
             self.check_usable()
+            if not fast:    # (str, int and None need no copy)
+                owned = _keys.own_args(bound)   # the instance never shares the caller's objects
             if owned is None:
                 n = Instance(c, bound, self)
             else:
@@ -1393,7 +1388,7 @@ cdef class Runtime:
                 self.prefetch.read(n)
                 return n.value
             raise _Deferred(n.label())
-        elif self.busy_depth and self.busy_thread != PyThread_get_thread_ident():
+        elif self.other_busy():
             raise IncrError(self._other_thread())   # another thread's demand or stabilize
         elif not self.stabilizing:
             if self.closed:
@@ -2047,7 +2042,7 @@ cdef class Runtime:
 
     cdef void set_input(self, Input inp, object value) except *:
         self.check_usable()
-        if self.busy_depth and self.busy_thread != PyThread_get_thread_ident():
+        if self.other_busy():
             raise IncrError(self._other_thread())   # never a mix of old and new in its pass
         if self.frames:
             raise ReentrancyError(self._reentrancy(f"set input {inp.name!r}"))
