@@ -39,7 +39,7 @@ from typing import Any
 
 from incr.llmnodes import Candidate
 
-__all__ = ["ChatGenerator", "chat_generator", "render_feedback"]
+__all__ = ["AsyncChatGenerator", "ChatGenerator", "chat_generator", "render_feedback"]
 
 #: Sent as the API key when ``base_url`` is given and no key is (a local server needs none,
 #: but the SDK refuses to start without one).
@@ -192,8 +192,12 @@ class ChatGenerator:
             if inspect.iscoroutine(response):
                 response.close()        # never awaited, and no "never awaited" warning
             raise TypeError(f"incr.openai_chat: {type(self.client).__qualname__}."
-                            f"chat.completions.create returned an awaitable: this version of "
-                            f"incr runs sync generators only; use an openai.OpenAI client")
+                            f"chat.completions.create returned an awaitable from a sync "
+                            f"generator; pass an openai.AsyncOpenAI client to chat_generator "
+                            f"to get an async generator, or use an openai.OpenAI client")
+        return self._candidate(response)
+
+    def _candidate(self, response: Any) -> Candidate:
         if not response.choices:
             raise ValueError(f"incr.openai_chat: {self.model} returned no choices")
         choice = response.choices[0]
@@ -225,10 +229,25 @@ class ChatGenerator:
         return f"<incr.openai_chat generator {self.model!r} {self.fingerprint}>"
 
 
-def _refuse_async_client(client: Any) -> None:
-    """A TypeError for a client whose ``chat.completions.create`` must be awaited: the SDK's
+class AsyncChatGenerator(ChatGenerator):
+    """:class:`ChatGenerator` over an async client (``openai.AsyncOpenAI``): an async
+    generator. Under ``await`` (an async cell, ``rt.astabilize()``) independent nodes' calls run
+    as concurrent tasks on the running loop; from sync code, on a loop incr keeps."""
+
+    async def __call__(self, prompt: str | Sequence[dict], *, previous: Any = None,
+                       feedback: Iterable[Any] = ()) -> Candidate:
+        response = await self.client.chat.completions.create(
+            **self.request(prompt, previous, feedback))
+        return self._candidate(response)
+
+    def __repr__(self):
+        return f"<incr.openai_chat async generator {self.model!r} {self.fingerprint}>"
+
+
+def _async_client(client: Any) -> bool:
+    """True for a client whose ``chat.completions.create`` must be awaited: the SDK's
     ``openai.AsyncOpenAI`` / ``openai.AsyncAzureOpenAI``, or any client whose ``create`` is a
-    coroutine function. This version of incr runs sync generators only."""
+    coroutine function."""
     kind = None
     openai = sys.modules.get("openai")
     if openai is not None:
@@ -246,11 +265,7 @@ def _refuse_async_client(client: Any) -> None:
                                    inspect.iscoroutinefunction(
                                        getattr(type(create), "__call__", None))):
             kind = f"a client whose chat.completions.create is async ({type(client).__name__})"
-    if kind is not None:
-        raise TypeError(f"chat_generator: client= is {kind}; this version of incr runs sync "
-                        f"generators only: pass an openai.OpenAI client (or openai."
-                        f"AzureOpenAI), or leave client= out to have one made. A coroutine is "
-                        f"never a candidate.")
+    return kind is not None
 
 
 def chat_generator(model: str, *, system: str | None = None, base_url: str | None = None,
@@ -261,7 +276,7 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
                    render: Callable[[tuple], str] | None = None,
                    max_counterexample_chars: int | None = 4000,
                    timeout: float | None = None, max_retries: int | None = None,
-                   client_kwargs: dict | None = None,
+                   client_kwargs: dict | None = None, asynchronous: bool = False,
                    **create_kwargs: Any) -> ChatGenerator:
     """A generator for an ``@incr.llm`` node, backed by an OpenAI-compatible chat endpoint.
 
@@ -270,13 +285,16 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
     - ``base_url``: the server, e.g. ``"http://localhost:8080/v1"`` for llama.cpp; default:
       the SDK's (``OPENAI_BASE_URL``, else OpenAI). ``api_key``: default: the SDK's
       (``OPENAI_API_KEY``); with a ``base_url`` and no key at all, a placeholder is sent.
-    - ``client``: an ``openai.OpenAI`` client to use instead of making one (then
+    - ``client``: an ``openai.OpenAI`` client to use instead of making one, or an
+      ``openai.AsyncOpenAI`` one: then the generator is async (:class:`AsyncChatGenerator`:
+      under ``await``, independent nodes call the model concurrently as tasks) (then
       ``base_url``, ``api_key``, ``timeout``, ``max_retries`` and ``client_kwargs`` must not
       be given).
     - ``timeout``, ``max_retries``: passed to the client made here; ``None`` leaves the
       SDK's defaults (the SDK retries 408/409/429/5xx and connection errors itself first).
     - ``client_kwargs``: any other arguments of ``openai.OpenAI(...)`` (``default_headers``,
       ``organization``, ``http_client``, ...).
+    - ``asynchronous``: make an ``openai.AsyncOpenAI`` client (an async generator).
     - ``temperature`` (default 0.0; ``None`` sends none, for models that refuse it),
       ``max_tokens`` (sent as ``max_tokens`` when given) and any other keyword argument
       (``seed=``, ``stop=``, ``response_format=``, ``max_completion_tokens=``, ...) go into
@@ -326,9 +344,9 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
             kw["timeout"] = timeout
         if max_retries is not None:
             kw["max_retries"] = max_retries
-        client = openai.OpenAI(**kw)
+        client = (openai.AsyncOpenAI if asynchronous else openai.OpenAI)(**kw)
     else:
-        _refuse_async_client(client)
+        asynchronous = _async_client(client)
         given = [n for n, v in (("base_url", base_url), ("api_key", api_key),
                                 ("timeout", timeout), ("max_retries", max_retries),
                                 ("client_kwargs", client_kwargs))
@@ -336,7 +354,8 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
         if given:
             raise TypeError(f"chat_generator: {', '.join(given)} configure the client this "
                             "function makes; with client= set them on that client instead")
-    return ChatGenerator(client, model, system=system, temperature=temperature,
+    cls = AsyncChatGenerator if asynchronous else ChatGenerator
+    return cls(client, model, system=system, temperature=temperature,
                          max_tokens=max_tokens, price_per_token=price_per_token, parse=parse,
                          render=render, max_counterexample_chars=max_counterexample_chars,
                          create_kwargs=create_kwargs)

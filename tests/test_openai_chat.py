@@ -379,3 +379,52 @@ def test_token_budget_counts_what_the_server_reported(sdk, http, rt):
     assert info.value.reason == "budget"
     assert len(srv.requests) == 2
     assert "1200 tokens" in info.value.report
+
+
+# --- the async client ------------------------------------------------------------------------
+
+
+def test_an_async_client_makes_concurrent_model_calls_through_the_sdk_transport(sdk, http):
+    """AsyncOpenAI, through the SDK's own async transport hook: five nodes under
+    asyncio.gather are in flight at once (the transport only answers when all five wait)."""
+    import asyncio
+
+    n = 5
+    state = {"waiting": 0, "event": None}
+    requests = []
+
+    async def handler(request):
+        body = json.loads(request.content)
+        requests.append(body)
+        if state["event"] is None:
+            state["event"] = asyncio.Event()
+        state["waiting"] += 1
+        if state["waiting"] >= n:
+            state["event"].set()
+        await asyncio.wait_for(state["event"].wait(), 5)
+        return http.Response(200, json=completion(f"SELECT {body['messages'][-1]['content']}"))
+
+    client = sdk.AsyncOpenAI(api_key="sk-test", base_url="https://api.test/v1", max_retries=0,
+                             http_client=http.AsyncClient(transport=http.MockTransport(handler)))
+    gen = openai_chat.chat_generator("test-model", system=SYSTEM, client=client)
+
+    @incr.llm(version=gen.fingerprint)
+    async def sql(q, *, previous=None, feedback=()):
+        return await gen(q, previous=previous, feedback=feedback)
+
+    @incr.cell
+    async def all_sql():
+        return list(await asyncio.gather(*[sql(f"q{i}") for i in range(n)]))
+
+    async def main():
+        rt = incr.Runtime()
+        with rt:
+            out = await all_sql()
+            assert out == [f"SELECT q{i}" for i in range(n)]
+            assert rt.stats()["generations"] == n
+            assert rt._check()
+            rt._check()
+
+    asyncio.run(main())
+    assert len(requests) == n
+    assert all(r["messages"][0] == {"role": "system", "content": SYSTEM} for r in requests)
