@@ -47,6 +47,7 @@ from incr._core import (
     Runtime,
     Stabilization,
     current,
+    gather,
     untracked,
 )
 from incr.errors import (
@@ -101,6 +102,7 @@ __all__ = [
     "cell",
     "current",
     "register_type",
+    "gather",
     "untracked",
 ]
 

@@ -129,6 +129,9 @@ cdef class Cell:
     cdef object signature            # inspect.Signature, for binding keyword arguments
     cdef int n_positional            # parameters that can be passed positionally, no *args
     cdef bint simple                 # all parameters positional-or-keyword, no defaults, no */**
+    cdef readonly bint is_async      # an async def: runs on an event loop (incr._aio)
+    cdef public bint awaited         # calling it from async code returns an awaitable (an
+                                     # async cell; an incr.llm node with async calls)
     cdef public bint is_llm          # an incr.llm node: adoption from the store asks incr.llmnodes
     cdef public bint local           # never shipped to an executor (Runtime(executor=...))
     cdef Runtime cached_rt           # the runtime whose table was looked up last
@@ -189,6 +192,8 @@ cdef class Runtime:
     cdef long long n_store_hits, n_store_misses
     cdef readonly str hash
     cdef readonly object max_workers
+    cdef readonly object max_concurrency   # async model calls (generators, validators) in
+                                           # flight at once, or None (no limit)
     cdef public object llm           # incr.llmnodes' bookkeeping for this runtime, or None
     cdef public object halt_reason   # rt.halt(reason) until rt.resume(), else None: LLM loops
                                      # stop before their next generator call (incr.llmnodes)
@@ -198,6 +203,18 @@ cdef class Runtime:
     cdef readonly object executor    # runs stale cells elsewhere (incr.adapters.dask/ray), or None
     cdef list deferred               # instances marked F_DEFERRED in this pass
     cdef Instance remote             # the instance whose run takes an executor's result now
+    cdef public dict inflight        # key -> asyncio.Future: async work in flight (incr._aio):
+                                     # an async instance's run, or a call (single flight)
+    cdef public dict awaiting        # instance -> keys of the work its task awaits (cycles
+                                     # across tasks are found by walking this)
+    cdef list pending_sets           # (Input, value) set by other threads during a pass: the
+                                     # next revision, applied by leave() in order
+    cdef public int catching         # incr._aio is in a sync step that may unwind for async
+                                     # work (_Suspend); outside one, that is an IncrError
+    cdef int keep_failed             # async operations in progress: `failed` lasts across their
+                                     # restarts (else a failed async run would run again)
+    cdef int gathering               # incr.gather calls in progress: what they demand may be
+                                     # shipped to an executor even inside a running cell
     # counters for stats()
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 
@@ -205,7 +222,10 @@ cdef class Runtime:
     cdef dict table_for(self, Cell cell)
     cdef object demand(self, Instance n)
     cdef object ensure(self, Instance n)
+    cdef object settle(self, Instance n, object body)
+    cdef Frame run_begin(self, Instance n)
     cdef bint run(self, Instance n) except -1
+    cdef bint run_end(self, Instance n, Frame f, bint had, object value) except -1
     cdef void fail(self, Instance n, list reads, bint had, BaseException e, str where) except *
     cdef bint run_in_stack(self, Instance m, bint bottom) except -1
     cdef void rewire(self, Instance n, tuple old, list new)
@@ -213,11 +233,13 @@ cdef class Runtime:
     cdef void record_read(self, Node n)
     cdef void dirty_from(self, Node n)
     cdef void set_input(self, Input i, object value) except *
+    cdef void apply_set(self, Input i, object value) except *
     cdef void invalidate(self, Instance n) except *
     cdef bint absorb_reject(self, BaseException e) except -1
     cdef list refs(self, object nodes, list stored=*)
     cdef void check_usable(self) except *
     cdef bint other_busy(self)
+    cdef bint elsewhere(self, Node n)
     cdef void enter(self) except *
     cdef long long quiet_enter(self)
     cdef void owe(self, list todo)

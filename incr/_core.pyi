@@ -13,6 +13,8 @@ NEVER: _CutoffPolicy
 DEEP: int
 
 def current() -> Runtime: ...
+def gather(*thunks: Callable[[], Any]) -> list[Any]: ...
+def untracked(fn: Callable[..., Any] | None = ..., *args: Any, **kwargs: Any) -> Any: ...
 
 class Node:
     value: Any
@@ -52,6 +54,7 @@ class Cell(Generic[P, R]):
     local: bool
     is_llm: bool
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    def map(self, iterable: Any) -> list[R]: ...
 
 class Stabilization:
     recomputed: list[str]

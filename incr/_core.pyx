@@ -27,7 +27,9 @@ cdef extern from "pythread.h":
     unsigned long PyThread_get_thread_ident()
 
 from incr.errors import (CycleError, IncrError, NotPersistableWarning, ReentrancyError, Reject,
-                         _Deferred)
+                         _Deferred, _Suspend)
+from asyncio import CancelledError as _CancelledError
+from asyncio import _get_running_loop
 from incr.keys import normalize_args
 from incr import keys as _keys
 from incr.store import DamagedRecordWarning, Store
@@ -45,6 +47,40 @@ cdef Py_ssize_t DEEP = 48
 # A top-level demand or stabilization absorbs at most this many incr.Reject before giving up
 # (each one regenerates the blamed node; the node's own budget bounds it much earlier).
 cdef int MAX_REJECTS = 64
+# True once an incr.llm node exists: passes then set generator calls aside to run concurrently
+cdef bint _run_ahead = False
+# incr._aio (imported on first use: it imports this module)
+cdef object _aio = None
+
+
+cdef object _aio_mod():
+    global _aio
+    if _aio is None:
+        from incr import _aio as m
+        _aio = m
+    return _aio
+
+
+cdef bint _async_defined = False
+cdef str _SUSPEND_MSG = (
+    "incr: {what} needs async work (an async cell, or an async generator or validator), and "
+    "sync code running inside an event loop cannot wait for it without blocking the loop: "
+    "from async code use `await cell.aget(...)`, `await async_cell(...)` or "
+    "`await rt.astabilize()`")
+
+
+def _note_async():
+    global _async_defined
+    _async_defined = True
+
+
+cdef inline bint _loop_running():
+    return _get_running_loop() is not None
+
+
+def _enable_run_ahead():
+    global _run_ahead
+    _run_ahead = True
 _default_runtime = None
 
 
@@ -104,6 +140,99 @@ class _Untracked:
         if self.worker:
             (<Runtime>self.rt).prefetch.quiet(-1)
         return False
+
+
+def gather(*thunks):
+    """Demand several things at once; returns their results in order.
+
+    Each argument is a function of no arguments (``lambda: a(1)``); each is called once.
+    Inside a cell, or at top level, with work that can run concurrently (the generator calls
+    of ``incr.llm`` nodes, in up to ``max_workers`` threads; an executor's runs), that work is
+    gathered across all the thunks and done at once -- where calling them one after the other
+    would wait for each. The values, the dependencies recorded and the model calls made are
+    those of calling them in order: ``[t() for t in thunks]``. (Salsa's ``par_map``.)
+
+    Raises the first exception a thunk raises, as calling them in order would.
+
+    >>> import incr
+    >>> @incr.cell
+    ... def sq(x):
+    ...     return x * x
+    >>> with incr.Runtime():
+    ...     incr.gather(lambda: sq(2), lambda: sq(3))
+    [4, 9]
+    """
+    for t in thunks:
+        if not callable(t):
+            raise TypeError(f"incr.gather() takes functions of no arguments (lambda: cell(x)), "
+                            f"got {t!r}")
+    cdef Runtime rt = <Runtime>current()
+    if not rt.frames and not rt.stabilizing:
+        # at top level: one pass over all of them (one store commit, work gathered)
+        rt.check_usable()
+        token = _active.set(rt)
+        rt.enter()
+        try:
+            return rt.settle(None, _Gather(thunks))
+        finally:
+            rt.leave()
+            _active.reset(token)
+    return _Gather(thunks)()
+
+
+class _Gather:
+    """Call every thunk; if some set work aside (incr.errors._Deferred), go on with the others
+    so that all of it is gathered, then raise it: the pass runs the work and calls again."""
+
+    def __init__(self, thunks):
+        self.thunks = thunks
+
+    def __call__(self):
+        rt = current()
+        own = rt._ahead_begin()   # no pass gathers work already: this gather does, in rounds
+        rounds = 0
+        rt._gathering(1)     # cells demanded here may be shipped to an executor (first runs too)
+        try:
+            while True:
+                try:
+                    return self.each()
+                except _Suspend:
+                    raise
+                except _Deferred:
+                    if not own:
+                        raise          # the pass runs the work, then runs this cell again
+                    rounds += 1
+                    rt._ahead_round(rounds)
+        finally:
+            rt._gathering(-1)
+            if own:
+                rt._ahead_end()
+
+    def each(self):
+        out = []
+        deferred = None
+        for t in self.thunks:
+            try:
+                out.append(t())
+            except _Suspend as d:
+                # async work: all of it is gathered into one, done concurrently at the
+                # nearest await of incr
+                if isinstance(deferred, _Suspend):
+                    deferred.works.extend(d.works)
+                else:
+                    deferred = d
+                out.append(None)
+            except _Deferred as d:
+                if deferred is None:
+                    deferred = d
+                out.append(None)
+            except BaseException:
+                if deferred is not None:
+                    raise deferred     # the work set aside comes first; this raises again
+                raise
+        if deferred is not None:
+            raise deferred
+        return out
 
 
 def untracked(fn=None, *args, **kwargs):
@@ -301,6 +430,9 @@ cdef class Input(Node):
         cdef Runtime cur
         if rt.frames:
             if PyThread_get_thread_ident() != rt.owner:
+                if rt.prefetch is not None and rt.prefetch.reading and rt.prefetch.is_worker():
+                    rt.prefetch.read(self)   # a generator running ahead (an incr.gather)
+                    return self.value
                 raise IncrError(rt._other_thread())
             rt.record_read(self)
         else:
@@ -405,11 +537,15 @@ cdef class Cell:
     def __init__(self, fn, *, version=None, cutoff=EQUAL, local=False):
         if not callable(fn):
             raise TypeError(f"incr.cell needs a function, got {fn!r}")
-        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        if inspect.isasyncgenfunction(fn):
             raise TypeError(
-                f"incr.cell {getattr(fn, '__qualname__', fn)!r} is an async function; this "
-                f"version of incr runs sync cells only: make it a plain def (or call the "
-                f"coroutine with asyncio.run inside it). A coroutine is never a cell's value.")
+                f"incr.cell {getattr(fn, '__qualname__', fn)!r} is an async generator function "
+                f"(async def with yield): a cell returns one value; make it an async def that "
+                f"returns it, or collect the items into a list.")
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.awaited = self.is_async
+        if self.is_async:
+            _note_async()
         self.fn = fn
         module = getattr(fn, "__module__", None) or "?"
         qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
@@ -508,7 +644,24 @@ cdef class Cell:
             table = rt.table_for(self)
             self.cached_rt = rt
             self.cached_table = table
+        if self.awaited:
+            return _aio_mod().call(rt, rt.lookup(self, table, self.bound(args, kwargs), True))
         return rt.demand(rt.lookup(self, table, self.bound(args, kwargs), True))
+
+    def aget(self, *args, **kwargs):
+        """Await this cell's value for these arguments (sync or async cell), from async code:
+        ``await cell.aget(x)``. Async work it needs runs concurrently with other tasks."""
+        cdef Runtime rt = <Runtime>get_value(_active)
+        if rt is None:
+            rt = <Runtime>current()
+        return _aio_mod().ademand(rt, rt.lookup(self, rt.table_for(self),
+                                                self.bound(args, kwargs), True))
+
+    def map(self, iterable):
+        """``[self(*a) for a in iterable]``, demanded at once (see ``incr.gather``): each item
+        is a tuple of arguments, or a single argument that is not a tuple."""
+        items = [a if type(a) is tuple else (a,) for a in iterable]
+        return gather(*[_Bound(self, a) for a in items])
 
     def __reduce__(self):
         # sent to an executor's worker, a cell is a reference: calling it there reads the
@@ -525,6 +678,17 @@ cdef class Cell:
 
     def __repr__(self):
         return f"<incr.cell {self.name}>"
+
+
+class _Bound:
+    __slots__ = ("cell", "args")
+
+    def __init__(self, cell, args):
+        self.cell = cell
+        self.args = args
+
+    def __call__(self):
+        return self.cell(*self.args)
 
 
 cdef str _label(Cell c, tuple args):
@@ -598,15 +762,32 @@ cdef class Observer:
 
     @property
     def value(self):
-        """The instance's current value (computed on demand if stale).
+        """The instance's current value. If it is not up to date, this stabilizes first
+        (``rt.stabilize()``: every observed instance, callbacks included); inside a running
+        cell or a pass it demands the instance instead.
 
         Raises what the instance's run raised (also kept in ``error``), and IncrError if the
         observer was stopped.
         """
         if not self.active:
             raise IncrError(f"observer of {self.node.label()} was stopped")
+        cdef Runtime rt = self.runtime
+        cdef Instance n = self.node
+        if _needs_work(n) and not rt.frames and not rt.stabilizing and not rt.busy_depth:
+            try:
+                rt.stabilize()
+            except BaseException as e:
+                if self.error is not None:
+                    raise self.error
+                if not isinstance(e, Exception) or _needs_work(n):
+                    raise
+                # another observed instance (or a callback) raised: this one is up to date
+            if self.error is not None:
+                raise self.error
+            if not _needs_work(n):
+                return n.value
         try:
-            v = self.runtime._demand_top(self.node)
+            v = rt._demand_top(n)
         except Exception as e:
             self.error = e
             raise
@@ -680,16 +861,21 @@ cdef class Runtime:
     """
 
     def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None,
-                 executor=None):
+                 executor=None, max_concurrency=None):
         if hash not in ("xxh3_128", "blake2b"):
             raise ValueError(f"Runtime: hash must be 'xxh3_128' or 'blake2b', got {hash!r}")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
             raise ValueError(f"Runtime: max_bytes must be a positive int or None, got {max_bytes!r}")
         if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
             raise ValueError(f"Runtime: max_workers must be a positive int or None, got {max_workers!r}")
+        if max_concurrency is not None and (not isinstance(max_concurrency, int)
+                                            or max_concurrency < 1):
+            raise ValueError(f"Runtime: max_concurrency must be a positive int or None, got "
+                             f"{max_concurrency!r}")
         self.store_path = store
         self.hash = hash
         self.max_workers = max_workers
+        self.max_concurrency = max_concurrency
         self.clock = 0
         self.revision = 0
         self.ts_clock = 0
@@ -715,6 +901,11 @@ cdef class Runtime:
         self.extensions = {}
         self.prefetch = None
         self.deferred = []
+        self.inflight = {}
+        self.awaiting = {}
+        self.keep_failed = 0
+        self.catching = 0
+        self.pending_sets = []
         self.remote = None
         if executor is not None and not (callable(getattr(executor, "submit", None))
                                          and callable(getattr(executor, "results", None))):
@@ -778,30 +969,26 @@ cdef class Runtime:
     def observe(self, cell, *args, **kwargs):
         """Observe one instance: ``stabilize()`` keeps it up to date and calls its callbacks.
 
-        Computes the instance now if it was never computed. If that run raises, the instance
-        is observed all the same: ``Observer.error`` holds the exception (``.value`` raises
-        it), the next ``stabilize()`` runs it again, and the callbacks get its value once a
-        run succeeds.
+        Registers and computes nothing: the next ``stabilize()`` computes every observed
+        instance that is not up to date, independent ones concurrently (reading
+        ``Observer.value`` first stabilizes). If its run raises, the instance is observed all
+        the same: ``Observer.error`` holds the exception (``.value`` raises it), the next
+        ``stabilize()`` runs it again, and the callbacks get its value once a run succeeds.
+        Callbacks are called with every value the observer has not passed on yet, the first
+        one included.
         """
         self.check_usable()
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy("observe an instance"))
         cdef Instance n = self._instance(cell, args, kwargs)
+        if self.other_busy():
+            raise IncrError(self._other_thread())
         o = Observer(self, n)
-        self.enter()     # another thread's pass: IncrError, and nothing is observed
-        try:
-            self._demand_top(n)
-        except Exception as e:
-            o.error = e
-        finally:
-            self.leave()
         if n.observed_by is None:
             n.observed_by = []
         n.observed_by.append(o)
-        if n.flags & F_HAS_VALUE:
-            o.seen_at = n.changed_at
         if _needs_work(n):
-            self.dirty_observed.append(n)   # failed: the next pass runs it again (I5)
+            self.dirty_observed.append(n)   # (I5) the next pass computes it
         return o
 
     def stabilize(self):
@@ -823,9 +1010,17 @@ cdef class Runtime:
         self.check_usable()
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy("stabilize"))
+        if _async_defined and not _loop_running() and not self.busy_depth:
+            # async cells or calls may need to run: on this thread's event loop, concurrently
+            return _aio_mod().drive(_aio_mod().astabilize(self))
         self.enter()
         try:
             return self.stabilize_pass()
+        except _Suspend as s:
+            if self.catching:
+                raise
+            _aio_mod().abandon(self, s.works)
+            raise IncrError(_SUSPEND_MSG.format(what="an observed instance")) from None
         finally:
             self.leave()
 
@@ -846,10 +1041,12 @@ cdef class Runtime:
         token = _active.set(self)
         self.stabilizing = True
         self.report_log = log
-        self.failed.clear()
+        if not self.keep_failed:
+            self.failed.clear()
+        cdef list suspended = []
         cdef int rejects = 0
         cdef int rounds = 0
-        if (self.llm is not None and self.max_workers != 1) or self.executor is not None:
+        if (_run_ahead and self.max_workers != 1) or self.executor is not None:
             from incr import remote as _remote
             self.prefetch = _remote.Ahead(self)
         self.deferred = []
@@ -864,10 +1061,17 @@ cdef class Runtime:
                     elif _needs_work(n):
                         try:
                             self.ensure(n)
+                        except _Suspend as s:
+                            suspended.extend(s.works)  # async work: gathered, then done at once
                         except _Deferred:
                             deferred = True
                         except Exception as e:
                             errors.append((n, e))
+                if suspended:
+                    # inside a running event loop, observed instances need async work: the
+                    # pass stops here (nothing half-recorded) and rt.astabilize does the work
+                    # of all of them concurrently, then passes again (incr._aio)
+                    raise _Suspend(suspended)
                 if self.deferred:
                     deferred = True
                     for n in self.deferred:
@@ -1045,6 +1249,18 @@ cdef class Runtime:
         """The reason given to rt.halt() while halted, else None."""
         return self.halt_reason
 
+    def astabilize(self):
+        """``await rt.astabilize()``: ``stabilize()`` from async code (inside a running event
+        loop). The async work of every observed instance (async cells, async generator and
+        validator calls) runs concurrently as tasks on the running loop; sync generator calls
+        run in threads as in ``stabilize()``. Same report, same errors."""
+        self.check_usable()
+        return _aio_mod().astabilize(self)
+
+    async def aclose(self):
+        """``await rt.aclose()``: ``close()`` from async code."""
+        self.close()
+
     def close(self):
         """Flush and close the store, and close the runtime. Using it afterwards raises
         IncrError. Idempotent."""
@@ -1185,6 +1401,90 @@ cdef class Runtime:
             raise ReentrancyError(self._reentrancy(f"withdraw {n.label()}"))
         if not check:
             self.invalidate(n)
+
+    cdef bint elsewhere(self, Node n):
+        # n is an async instance whose run is in flight in another task (not on this stack)
+        cdef object f
+        if not (n.flags & F_RUNNING) or n not in self.inflight:
+            return False
+        for f in self.frames:
+            if (<Frame>f).node is n:
+                return False
+        return True
+
+    # -- hooks of incr._aio (async cells and calls; the loop's thread only) ------------------
+
+    def _frames_swap(self, list frames):
+        """Make ``frames`` the running stack (one asyncio task's); returns the previous one."""
+        old = self.frames
+        self.frames = frames
+        return old
+
+    def _frames(self):
+        return self.frames
+
+    def _run_start(self, Instance n):
+        """Push n's frame on the running stack; returns (frame, had a value, was withdrawn)."""
+        cdef int invalid = n.flags & F_INVALID
+        cdef bint had = (n.flags & F_HAS_VALUE) != 0
+        return self.run_begin(n), had, invalid, self.clock
+
+    def _invoke(self, Instance n):
+        return n.cell.invoke(_keys.own_args(n.args) if n.fresh_args else n.args)
+
+    def _run_finish(self, Instance n, Frame f, bint had, value, long long start):
+        cdef Node d
+        self.frames.pop()
+        self.run_end(n, f, had, value)
+        for d in n.deps:
+            if d.changed_at > start:
+                # it changed while this run was suspended (another task set it): the run
+                # may have read both values, so its result is stale at once (I1, I2)
+                n.flags |= F_DIRTY
+                n.verified_at = start
+                self.dirty_from(n)
+                if n.observed_by is not None:
+                    self.dirty_observed.append(n)
+                break
+
+    def _run_failed(self, Instance n, Frame f, bint had, int invalid, BaseException e):
+        self.frames.pop()
+        self.fail(n, f.reads, had, e, "raised in cell")
+        if isinstance(e, (_Suspend, _CancelledError)):
+            n.flags |= invalid      # unwound: still withdrawn if it was
+
+    def _pseudo_frame(self, Instance n):
+        """A frame that records the reads of a call made for n (an async generator's or
+        validator's), not pushed anywhere."""
+        cdef Frame f
+        self.frame_ids += 1
+        f = Frame.__new__(Frame)
+        f.node = n
+        f.reads = []
+        f.id = self.frame_ids
+        return f
+
+    def _frame_info(self, Frame f):
+        return f.node, f.reads
+
+    def _report_into(self, log):
+        """Log the runs made from now on into ``log`` (a list), or stop (None): the report of
+        rt.astabilize includes the runs its async work made between passes."""
+        self.report_log = log
+
+    def _keep_failed(self, int step):
+        if step > 0 and self.keep_failed == 0:
+            self.failed.clear()     # a new top-level async operation
+        self.keep_failed += step
+
+    def _demand(self, Instance n):
+        return self.demand(n)
+
+    def _has(self, Node n):
+        return not _needs_work(n)
+
+    def _gathering(self, int step):
+        self.gathering += step
 
     def _lend(self, unsigned long ident):
         """Let thread ``ident`` compute for the running frame while its owner waits
@@ -1336,6 +1636,17 @@ cdef class Runtime:
         self.busy_depth += 1
 
     cdef void leave(self):
+        cdef Input inp
+        if self.busy_depth == 1:
+            # changes other threads made during the pass: the next revision, applied in the
+            # order they were made, before another thread may claim the runtime
+            while self.pending_sets and not self.closed:
+                inp, value = self.pending_sets.pop(0)
+                try:
+                    self.apply_set(inp, value)
+                except Exception as e:   # only a raising __eq__ of the value gets here
+                    _warnings.warn(f"incr: input {inp.name!r} could not be set after the "
+                                   f"pass ({e!r}); set it again", RuntimeWarning)
         self.busy_depth -= 1
         if self.busy_depth == 0:
             self.busy_thread = 0
@@ -1376,28 +1687,30 @@ cdef class Runtime:
 
     cdef object demand(self, Instance n):
         cdef Py_ssize_t i
-        if self.frames:
-            if PyThread_get_thread_ident() != self.owner:
-                raise IncrError(self._other_thread())
-            if not (n.flags & (F_RUNNING | F_VERIFYING)):
-                self.record_read(n)  # (an edge into a cycle is never recorded)
-        elif self.prefetch is not None and self.prefetch.reading and self.prefetch.is_worker():
-            # a generator running ahead in a worker thread (stabilize with max_workers): it
-            # may read what is up to date; anything else waits for the serial pass
+        if self.prefetch is not None and self.prefetch.reading and self.prefetch.is_worker():
+            # a generator running ahead in a worker thread (stabilize with max_workers, or an
+            # incr.gather): it may read what is up to date; anything else waits for the pass
             if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
                 self.prefetch.read(n)
                 return n.value
             raise _Deferred(n.label())
+        elif self.frames:
+            if PyThread_get_thread_ident() != self.owner:
+                raise IncrError(self._other_thread())
+            if not (n.flags & (F_RUNNING | F_VERIFYING)):
+                self.record_read(n)  # (an edge into a cycle is never recorded)
         elif self.other_busy():
             raise IncrError(self._other_thread())   # another thread's demand or stabilize
         elif not self.stabilizing:
             if self.closed:
                 self.check_usable()
-            if self.failed:
+            if self.failed and not self.keep_failed:
                 self.failed.clear()  # a new top-level pass: failed instances run again
         if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
             return n.value
         if n.flags & (F_RUNNING | F_VERIFYING):
+            if self.inflight and self.elsewhere(n):
+                raise _Suspend([_aio_mod().Wait(n)])   # another task runs it: wait for it
             labels = [(<Frame>f).node.label() for f in self.frames]
             start = 0
             for i in range(len(self.frames)):
@@ -1410,31 +1723,70 @@ cdef class Runtime:
             raise self.failed[n]
         if self.frames or self.stabilizing:
             return self.ensure(n)
-        # a top-level demand: one store commit for everything it computed; an incr.Reject
-        # that escapes withdraws the blamed candidate and the demand runs again
-        cdef int rejects = 0
         self.enter()
         try:
-            while True:
-                try:
-                    v = self.ensure(n)
-                    break
-                except Reject as e:
-                    if rejects < MAX_REJECTS and self.absorb_reject(e):
-                        rejects += 1
-                        continue
-                    if self.store is not None:
-                        self.flush(True)
-                    raise
-                except BaseException:
-                    if self.store is not None:
-                        self.flush(True)
-                    raise
-            if self.store is not None:
-                self.flush(False)
+            return self.settle(n, None)
+        except _Suspend as s:
+            if self.catching:
+                raise
+            _aio_mod().abandon(self, s.works)
+            raise IncrError(_SUSPEND_MSG.format(what=n.label())) from None
         finally:
             self.leave()
+
+    cdef object settle(self, Instance n, object body):
+        # A top-level demand of n, or body() (incr.gather at top level): one store commit for
+        # everything it computed; an incr.Reject that escapes withdraws the blamed candidate
+        # and it runs again.
+        cdef int rejects = 0
+        while True:
+            try:
+                v = self.ensure(n) if body is None else body()
+                break
+            except Reject as e:
+                if rejects < MAX_REJECTS and self.absorb_reject(e):
+                    rejects += 1
+                    continue
+                if self.store is not None:
+                    self.flush(True)
+                raise
+            except BaseException:
+                if self.store is not None:
+                    self.flush(True)   # what finished is kept (a _Suspend: the rest runs again)
+                raise
+        if self.store is not None:
+            self.flush(False)
         return v
+
+    # -- incr.gather's own rounds (no pass is gathering work already) ------------------------
+
+    def _ahead_begin(self):
+        """Start gathering work to run ahead for an incr.gather; False if a pass already
+        does (stabilize), or there is nothing that could run ahead."""
+        if self.prefetch is not None:
+            return False
+        if not ((_run_ahead and self.max_workers != 1) or self.executor is not None):
+            return False
+        from incr import remote as _remote
+        self.prefetch = _remote.Ahead(self)
+        self.deferred = []
+        return True
+
+    def _ahead_round(self, int rounds):
+        """Run what was set aside, concurrently; the gather then calls its thunks again."""
+        cdef Instance m
+        for m in self.deferred:
+            m.flags &= ~F_DEFERRED
+        self.deferred = []
+        if not self.prefetch.run() or rounds > 32:
+            self.prefetch.stop()      # nothing to run ahead: the next round is serial
+
+    def _ahead_end(self):
+        cdef Instance m
+        self.prefetch = None
+        for m in self.deferred:
+            m.flags &= ~F_DEFERRED
+        self.deferred = []
 
     cdef object ensure(self, Instance n):
         # Bring n up to date. Recorded dependencies are walked with an explicit stack, so the
@@ -1480,6 +1832,8 @@ cdef class Runtime:
                             i += 1
                             continue
                         if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
+                            if self.inflight and self.elsewhere(d):
+                                raise _Suspend([_aio_mod().Wait(d)])   # another task runs it
                             if d.flags & (F_VERIFYING | F_RUNNING):
                                 raise CycleError([m.label(), _node_label(d), m.label()])
                             idx[len(idx) - 1] = i
@@ -1542,8 +1896,8 @@ cdef class Runtime:
             r = self.probe_step(m, stack, idx)
             if r != NOMATCH:
                 return r
-        if self.prefetch is not None and self.executor is not None and not self.frames \
-                and (m.flags & F_HAS_VALUE) and not m.cell.local:
+        if self.prefetch is not None and self.executor is not None and not m.cell.local \
+                and (not self.frames or self.gathering):
             # an executor runs it: with its result (reads replayed in run), or set aside now.
             # What its new branch read beyond its last run's dependencies (the scan of m.deps
             # does not see it) is brought up to date first, as a local run would read it
@@ -1867,6 +2221,12 @@ cdef class Runtime:
         # read before failing stay as edges, so a reader that caught the exception is made
         # stale when what caused it changes. The exception is kept for the rest of the pass.
         cdef str chain
+        if isinstance(e, (_Suspend, _CancelledError)):
+            # -- unwound to an await (incr._aio), or cancelled ---------------------------------
+            # Nothing is recorded: n keeps its value, dependencies and stamps and stays stale;
+            # it runs again when demanded.
+            n.flags &= ~F_RUNNING
+            return
         if isinstance(e, _Deferred):
             # -- set aside (see attempt) ------------------------------------------------------
             # Not a failure: stabilize runs the work ahead and this run starts again in the
@@ -1902,11 +2262,9 @@ cdef class Runtime:
         if self.report_log is not None:
             self.report_log.append((n, A_FAILED))
 
-    cdef bint run(self, Instance n) except -1:
+    cdef Frame run_begin(self, Instance n):
+        # push n's frame and mark it running (run, and incr._aio for an async cell)
         cdef Frame f
-        cdef bint had = (n.flags & F_HAS_VALUE) != 0
-        cdef object value
-        cdef bint same
         self.frame_ids += 1
         f = Frame.__new__(Frame)
         f.node = n
@@ -1916,6 +2274,17 @@ cdef class Runtime:
             self.owner = PyThread_get_thread_ident()
         self.frames.append(f)
         n.flags = (n.flags | F_RUNNING) & ~F_INVALID
+        return f
+
+    cdef bint run(self, Instance n) except -1:
+        cdef Frame f
+        cdef bint had = (n.flags & F_HAS_VALUE) != 0
+        cdef object value
+        if n.cell.is_async:
+            # an async cell: run on this thread's event loop (sync code), or, inside a
+            # running loop, unwind to the nearest await, which runs it (incr._aio)
+            return _aio_mod().run_sync(self, n)
+        f = self.run_begin(n)
         try:
             if self.remote is n:
                 value = self.prefetch.take(n)   # an executor's result; its reads replayed
@@ -1928,6 +2297,11 @@ cdef class Runtime:
             self.fail(n, f.reads, had, e, "raised in cell")
             raise
         self.frames.pop()
+        return self.run_end(n, f, had, value)
+
+    cdef bint run_end(self, Instance n, Frame f, bint had, object value) except -1:
+        # record a finished run of n (its frame already popped): cutoff, edges, stamps, store
+        cdef bint same
         if type(value) is _CoroutineType:
             value.close()   # never awaited: no "never awaited" warning, and never a value
             e = TypeError(f"{n.label()} returned a coroutine: the function is sync but "
@@ -2043,7 +2417,10 @@ cdef class Runtime:
     cdef void set_input(self, Input inp, object value) except *:
         self.check_usable()
         if self.other_busy():
-            raise IncrError(self._other_thread())   # never a mix of old and new in its pass
+            # another thread's pass works on the current revision: this change forms the
+            # next one, applied when that pass ends (never a mix of old and new in it)
+            self.pending_sets.append((inp, value))
+            return
         if self.frames:
             raise ReentrancyError(self._reentrancy(f"set input {inp.name!r}"))
         if self.stabilizing:
@@ -2051,6 +2428,9 @@ cdef class Runtime:
         cur = get_value(_active)
         if cur is not None and cur is not self and (<Runtime>cur).frames:
             raise ReentrancyError((<Runtime>cur)._reentrancy(f"set input {inp.name!r}"))
+        self.apply_set(inp, value)
+
+    cdef void apply_set(self, Input inp, object value) except *:
         if _same_value(inp.value, value):
             return
         inp.value = value

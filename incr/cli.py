@@ -77,6 +77,7 @@ def demo(store: str | None = ".incr", as_json: bool = False, out=None) -> int:
     try:
         with rt:
             observer = rt.observe(total)
+            rt.stabilize()                     # observing computes nothing: this pass does
             first = sorted(rt._instances(), key=lambda i: i.timestamp)
             record("first computation",
                    [i.label_text for i in first if i.action == "computed"], [],

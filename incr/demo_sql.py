@@ -210,6 +210,7 @@ def run(store: str | None = ".incr", *, model_spec: str | None = None,
             calls0 = model.calls
             try:
                 observer = rt.observe(g["answer"], "q")
+                rt.stabilize()                 # observing computes nothing: this pass does
             except incr.NotAccepted as e:
                 failure = e
             else:

@@ -96,3 +96,20 @@ class _Deferred(BaseException):
     """Internal: an LLM node's generator call was set aside to run concurrently with others
     (inside ``stabilize``). A BaseException, so that cells catching Exception let it pass;
     it never reaches users."""
+
+
+class _Suspend(_Deferred):
+    """Internal: a sync computation inside a running event loop needs async work done first
+    (an async cell's run, an async generator's or validator's call). It unwinds, recording
+    nothing, to the nearest await of incr (incr._aio), which does the work (``works``: what
+    to do, each once) and runs the computation again."""
+
+    def __init__(self, works):
+        super().__init__("incr: waiting for async work")
+        self.works = works
+
+
+class _OutOfTime(Exception):
+    """Internal: an LLM node's generator call was still in flight when its
+    ``Budget(max_seconds)`` ran out (cancelled if async, abandoned if sync). The loop ends
+    ``NotAccepted(reason="budget")``."""

@@ -26,6 +26,7 @@ verdict twice counts once.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import threading
@@ -35,8 +36,10 @@ from typing import Any, Callable, Iterable
 import attrs
 
 from incr import keys as _keys
+from incr import _core
 from incr._core import EQUAL, Cell, Instance, current
-from incr.errors import IncrError, NotAccepted, Reject, _Deferred
+from incr import _aio
+from incr.errors import IncrError, NotAccepted, Reject, _Deferred, _OutOfTime, _Suspend
 
 __all__ = ["ACK", "NACK", "UNKNOWN", "Acceptance", "Budget", "Candidate", "LLMNode",
            "NodeState", "Validator", "effect", "llm", "validator"]
@@ -94,10 +97,23 @@ def _async_kind(fn: Any) -> str | None:
 def _refuse_async(fn: Any, what: str, qual: str) -> None:
     kind = _async_kind(fn)
     if kind is not None:
-        raise TypeError(f"{what} {qual!r} is {kind}; this version of incr runs sync "
-                        f"functions only: make it a plain def (it may run a coroutine to "
-                        f"completion inside, e.g. with asyncio.run). A coroutine is never a "
-                        f"candidate or a verdict.")
+        raise TypeError(f"{what} {qual!r} is {kind}; it must be a plain def (it may run a "
+                        f"coroutine to completion inside, e.g. with asyncio.run). A coroutine "
+                        f"is never a candidate or a verdict.")
+
+
+def _is_async(fn: Any, what: str, qual: str) -> bool:
+    """True for a coroutine function (awaited by incr: on the running loop, or on a loop of
+    its own from sync code); TypeError for an async generator function."""
+    kind = _async_kind(fn)
+    if kind is None:
+        return False
+    if "generator" in kind:
+        raise TypeError(f"{what} {qual!r} is {kind}: it must return its result (a candidate, "
+                        f"or verdicts), not yield it asynchronously; make it an async def "
+                        f"that returns a list, or a plain def.")
+    _core._note_async()
+    return True
 
 
 def _awaitable_problem(x: Any) -> str | None:
@@ -184,7 +200,7 @@ class Validator:
     def __init__(self, fn: Callable, version: Any = None, timeout: float | None = None):
         if not callable(fn):
             raise TypeError(f"incr.validator needs a function, got {fn!r}")
-        _refuse_async(fn, "incr.validator", getattr(fn, "__qualname__", repr(fn)))
+        self.is_async = _is_async(fn, "incr.validator", getattr(fn, "__qualname__", repr(fn)))
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"incr.validator {fn.__qualname__}: timeout must be a positive "
                              f"number of seconds or None, got {timeout!r}")
@@ -392,7 +408,7 @@ class LLMNode(Cell):
         if not callable(gen):
             raise TypeError(f"incr.llm needs a function, got {gen!r}")
         qual = getattr(gen, "__qualname__", repr(gen))
-        _refuse_async(gen, "incr.llm", qual)
+        self.gen_is_async = _is_async(gen, "incr.llm", qual)
         validators = tuple(validators)
         for v in validators:
             if not isinstance(v, Validator):
@@ -440,6 +456,8 @@ class LLMNode(Cell):
         self.backoff = backoff
         super().__init__(loop, version=version, cutoff=EQUAL, local=True)
         self.is_llm = True
+        self.awaited = self.gen_is_async or any(v.is_async for v in validators)
+        _core._enable_run_ahead()    # passes now gather generator calls to make concurrently
         # identity across processes: the definition and every validator's id and version
         if version is not None:
             base, exact = f"v:{version}", True
@@ -683,6 +701,13 @@ class _Loop:
             t0 = time.monotonic()
             try:
                 out = call()
+            except _OutOfTime:
+                # Budget(max_seconds) ran out with the call in flight: an async call was
+                # cancelled, a sync one abandoned (its late result is never used)
+                st.attempts.append(_Attempt(0, "", feedback, [], 0, 0.0,
+                                            time.monotonic() - t0,
+                                            "cut at the deadline (Budget(max_seconds))"))
+                self._fail("budget")
             except Exception as e:
                 if not _transient(e):
                     self.cut_short = True
@@ -744,10 +769,29 @@ class _Loop:
                     raise outcome
                 return outcome
             return replay
-        def call():
+        if node.gen_is_async and _aio.loop_running():
+            # an async generator inside a running loop: the call is made as a task by the
+            # nearest await of incr, and this run goes on from here when it is done
+            async def agen():
+                out = await node.gen(*self.args, previous=previous, feedback=feedback,
+                                     **self.kwargs)
+                _no_awaitable(node, st.label, out)
+                return out
+            st.pending = "generate"
+            raise _Suspend([_aio.Call(st, key, agen, self.inst, deadline=self._deadline())])
+
+        def plain():
             out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
+            if node.gen_is_async and inspect.iscoroutine(out):
+                out = _aio.drive(_aio.before(out, self._deadline()))   # on this thread's loop
             _no_awaitable(node, st.label, out)
             return out
+
+        def call():
+            deadline = self._deadline()
+            if deadline is None or node.gen_is_async or (pf is not None and pf.is_worker()):
+                return plain()
+            return self._bounded(plain, deadline)
 
         pf = rt.prefetch
         if pf is not None and pf.collecting:
@@ -757,10 +801,40 @@ class _Loop:
                     # (serial) pass meets the halt before the call and stops the loop
                     raise _Deferred(st.label)
                 return call()
-            pf.add(st, key, ahead)
+            pf.add(st, key, ahead, self._deadline())
             st.pending = "generate"
             raise _Deferred(st.label)
         return call
+
+    def _deadline(self) -> float | None:
+        """When Budget(max_seconds) runs out for this loop (time.monotonic()), or None."""
+        b = self.node.budget
+        return None if b.max_seconds is None else self.st.started + b.max_seconds
+
+    def _bounded(self, fn: Callable[[], Any], deadline: float) -> Any:
+        """Call a sync generator in a thread that may compute for this run, waiting until
+        ``deadline`` at most: past it the call is abandoned (raises _OutOfTime; whatever it
+        returns later is never used)."""
+        box: dict = {}
+        rt = self.rt
+
+        def work():
+            try:
+                box["out"] = fn()
+            except BaseException as e:
+                box["exc"] = e
+
+        t = threading.Thread(target=work, name=f"incr-generate-{self.st.label}", daemon=True)
+        old = rt._lend(0)
+        t.start()
+        rt._lend(t.ident)
+        t.join(max(0.0, deadline - time.monotonic()))
+        rt._lend(old)
+        if t.is_alive():
+            raise _OutOfTime()
+        if "exc" in box:
+            raise box["exc"]
+        return box["out"]
 
     def _feedback(self) -> tuple:
         """NACKs against the current candidate first, then earlier counterexamples."""
@@ -883,6 +957,11 @@ class _Loop:
 
     def _run_validator(self, val: Validator) -> list:
         cand = self.st.candidate
+        if val.is_async and _aio.loop_running():
+            # an async validator inside a running loop: called as a task by the nearest
+            # await of incr; this run takes its verdicts when it goes on
+            raise _Suspend([_aio.Call(self.st, self._vkey(val),
+                                      functools.partial(self._acollect, val, cand), self.inst)])
         if val.timeout is None:
             return self._collect(val, cand)
         box: dict = {}
@@ -906,26 +985,47 @@ class _Loop:
             raise box["exc"]
         return box["out"]
 
+    async def _acollect(self, val: Validator, cand: Any) -> list:
+        try:
+            res = await asyncio.wait_for(val.fn(cand, *self.args, **self.kwargs), val.timeout)
+        except asyncio.TimeoutError:
+            return [UNKNOWN("*", f"timed out after {val.timeout} s")]
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            return self._verdicts(val, None, e)
+        return self._verdicts(val, res, None)
+
     def _collect(self, val: Validator, cand: Any) -> list:
-        out = []
         try:
             res = val.fn(cand, *self.args, **self.kwargs)
+            if val.is_async and inspect.iscoroutine(res):
+                res = _aio.drive(res)     # sync code: on this thread's own loop
+        except BaseException as e:
+            return self._verdicts(val, None, e)
+        return self._verdicts(val, res, None)
+
+    def _verdicts(self, val: Validator, res: Any, exc: BaseException | None) -> list:
+        out = []
+        try:
+            if exc is not None:
+                raise exc
             if isinstance(res, _VERDICTS):
                 out.append(_usable(res, val.id))
             elif res is None:
                 pass
             elif (what := _awaitable_problem(res)) is not None or inspect.isasyncgen(res):
                 what = what or "an async generator"
-                out.append(UNKNOWN("*", f"{val.id} returned {what}, not verdicts: this "
-                                        f"version runs sync validators only (it was closed, "
+                out.append(UNKNOWN("*", f"{val.id} returned {what}, not verdicts: a sync "
+                                        f"validator must return verdicts (make it an async "
+                                        f"def to await inside it; this one was closed, "
                                         f"never awaited)"))
             else:
                 for v in res:
                     if not isinstance(v, _VERDICTS):
                         what = _awaitable_problem(v)
                         if what is not None:
-                            out.append(UNKNOWN("*", f"{val.id} yielded {what}, not a verdict: "
-                                                    f"this version runs sync validators only "
+                            out.append(UNKNOWN("*", f"{val.id} yielded {what}, not a verdict "
                                                     f"(it was closed, never awaited)"))
                         else:
                             out.append(UNKNOWN("*", f"{val.id} produced {_short(v)}, not a "

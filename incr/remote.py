@@ -27,10 +27,11 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from incr import keys as _keys
-from incr.errors import _Deferred
+from incr.errors import _Deferred, _OutOfTime
 
 MAX_RESTARTS = 8
 
@@ -142,9 +143,11 @@ class Ahead:
 
     # -- generator calls (incr.llmnodes) ------------------------------------------------------
 
-    def add(self, st, key, call) -> None:
-        """Set ``call`` (no arguments) aside; its outcome goes to ``st.prefetched[key]``."""
-        self.pending.append((st, key, call))
+    def add(self, st, key, call, deadline=None) -> None:
+        """Set ``call`` (no arguments) aside; its outcome goes to ``st.prefetched[key]``.
+        Past ``deadline`` (time.monotonic()) it is not waited for: its outcome is
+        incr.errors._OutOfTime, and whatever it returns later is never used."""
+        self.pending.append((st, key, call, deadline))
 
     def is_worker(self) -> bool:
         """True in a worker thread running a call set aside (not in any other thread)."""
@@ -312,7 +315,7 @@ class Ahead:
         workers = self.rt.max_workers or 4
 
         def call(item):
-            st, key, fn = item
+            st, key, fn, _deadline = item
             self._local.log = []
             t0 = time.monotonic()
             try:
@@ -326,15 +329,24 @@ class Ahead:
             return item, (out, reads, time.monotonic() - t0)
 
         self.reading = True
+        pool = ThreadPoolExecutor(max_workers=min(workers, len(todo)),
+                                  thread_name_prefix="incr-generate")
         try:
-            with ThreadPoolExecutor(max_workers=min(workers, len(todo)),
-                                    thread_name_prefix="incr-generate") as pool:
-                futures = [pool.submit(contextvars.copy_context().run, call, item)
-                           for item in todo]
-                results = [f.result() for f in futures]
+            futures = [pool.submit(contextvars.copy_context().run, call, item)
+                       for item in todo]
+            results = []
+            for f, item in zip(futures, todo):
+                deadline = item[3]
+                try:
+                    results.append(f.result(None if deadline is None
+                                             else max(0.0, deadline - time.monotonic())))
+                except FutureTimeout:
+                    # Budget(max_seconds) ran out with the call in flight: abandoned
+                    results.append((item, (_OutOfTime(), [], time.monotonic())))
         finally:
             self.reading = False
-        for (st, key, _fn), ahead in results:
+            pool.shutdown(wait=False, cancel_futures=True)
+        for (st, key, _fn, _dl), ahead in results:
             if ahead is not None:
                 st.prefetched[key] = ahead
         if any(ahead is None for _item, ahead in results):

@@ -188,6 +188,7 @@ def test_a_worker_killed_mid_task(client, tmp_path):
 
     with rt:
         obs = rt.observe(total)
+        rt.stabilize()                         # the first run, here (nested first runs stay local)
         x.set(2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # if Dask gives up, incr runs it here and warns
@@ -300,7 +301,10 @@ def test_a_new_branch_that_reads_a_stale_or_never_computed_cell(client, tmp_path
         assert sorted(report.recomputed) == ["both()", "fresh(1)", "fresh(10)", "pick(1)",
                                              "pick(10)", "stale(1)", "stale(10)"]
         runs = ran(log)
-        assert sorted(w for w, _ in runs) == ["fresh(1)", "fresh(10)", "stale(1)", "stale(10)"]
+        # (a first computation shipped with nothing given runs again with what it read: the
+        # code before its first read may run twice; what is recorded is one run each)
+        assert sorted(set(w for w, _ in runs)) == ["fresh(1)", "fresh(10)", "stale(1)",
+                                                   "stale(10)"]
         if executor:
             driver = str(os.getpid())
             assert all(pid != driver for w, pid in runs if w.startswith("stale"))
@@ -330,6 +334,7 @@ def test_cells_that_fall_back_to_the_driver_are_all_named(client):
 
     with rt:
         obs = rt.observe(total)
+        rt.stabilize()                  # the first run, here (nested first runs stay local)
         x.set(2)
         with pytest.warns(RuntimeWarning, match="they run in this process instead") as w:
             rt.stabilize()

@@ -88,6 +88,7 @@ def test_a_ray_worker_killed_mid_task(cluster, tmp_path):
 
     with rt:
         obs = rt.observe(total)
+        rt.stabilize()                 # the first run, here (nested first runs stay local)
         x.set(2)
         rt.stabilize()
         assert os.path.exists(marker)
@@ -149,7 +150,10 @@ def test_a_new_branch_that_reads_a_stale_or_never_computed_cell_on_ray(cluster, 
                                              "pick(10)", "stale(1)", "stale(10)"]
         with open(log) as f:
             runs = [line.split() for line in f]
-        assert sorted(w for w, _ in runs) == ["fresh(1)", "fresh(10)", "stale(1)", "stale(10)"]
+        # (a first computation shipped with nothing given runs again with what it read: the
+        # code before its first read may run twice; what is recorded is one run each)
+        assert sorted(set(w for w, _ in runs)) == ["fresh(1)", "fresh(10)", "stale(1)",
+                                                   "stale(10)"]
         if executor:
             assert all(pid != str(os.getpid()) for w, pid in runs if w.startswith("stale"))
         a.set(4)

@@ -228,6 +228,7 @@ def test_cutoff_reported_by_explain_and_stabilize(rt, log):
         return "odd" if parity() else "even"
 
     o = rt.observe(word)
+    rt.stabilize()
     log.take()
     x.set(3)
     report = rt.stabilize()

@@ -28,11 +28,14 @@ def fleet(rt, parties, log):
 def test_independent_generators_run_concurrently_in_stabilize():
     rt = incr.Runtime(max_workers=2)
     log = []
-    topic, summary, barrier = fleet(rt, 1, log)  # the first computation is serial
+    topic, summary, barrier = fleet(rt, 2, log)  # two calls must overlap, the first too
     with rt:
         obs = [rt.observe(summary, i) for i in range(2)]
+        assert log == []                      # observing computes nothing
+        rt.stabilize()                        # the first run: concurrent
+        assert sorted(i for i, _ in log) == [0, 1]
+        assert all(name.startswith("incr-generate") for _, name in log)
         log.clear()
-        barrier._parties = 2                  # from now on, two calls must overlap
         barrier.reset()
         topic.set("t1")
         report = rt.stabilize()
@@ -94,13 +97,15 @@ def test_a_chain_of_nodes_is_generated_in_order_with_the_same_results():
         req, c, calls = build(rt)
         with rt:
             obs = rt.observe(c, 0)
+            rt.stabilize()
+            calls.clear()
             req.set("r1")
             rt.stabilize()
             results[workers] = (obs.value, list(calls))
         rt._check()
     assert results[1] == results[4]
     value, calls = results[4]
-    assert value == "B[A(r1)]!" and sorted(calls) == ["a", "a", "b", "b"]
+    assert value == "B[A(r1)]!" and sorted(calls) == ["a", "b"]
 
 
 def test_a_generator_that_reads_a_stale_cell_runs_in_the_serial_pass():
@@ -315,6 +320,7 @@ def test_a_change_seen_before_a_dependency_that_waits_is_not_forgotten():
 
         with rt:
             obs = rt.observe(D, 0)
+            rt.stabilize()
             calls.clear()
             with rt.batch():
                 x.set(1)

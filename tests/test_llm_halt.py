@@ -205,6 +205,7 @@ def test_halted_stabilize_with_workers_calls_no_model():
     with rt:
         obs = [rt.observe(summary, i) for i in range(4)]
         tobs = [rt.observe(title, i) for i in range(2)]
+        rt.stabilize()
     calls.clear()
     rt.halt("nightly freeze")
     topic.set("t1")
@@ -252,6 +253,7 @@ def test_halt_while_generators_run_in_worker_threads():
 
     with rt:
         obs = [rt.observe(summary, i) for i in range(4)]
+        rt.stabilize()
     calls.clear()
     first_round.set()
     topic.set("t1")

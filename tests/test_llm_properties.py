@@ -81,6 +81,7 @@ from hypothesis.stateful import (
 )
 
 import incr
+from incr.errors import _Deferred
 
 REASONS = {"budget", "oscillation", "no_progress", "validator_unstable", "unknown"}
 STATUSES = {"active", "stable", "invalid", "failed"}
@@ -229,6 +230,10 @@ class LLMFaults(RuleBasedStateMachine):
         def gen_b(k, *, previous=None, feedback=()):
             try:
                 a = A(k)
+            except _Deferred:
+                # running ahead in a worker thread, it met A not computed yet: the call stops
+                # there (no model call, no generation) and is made again once A is
+                raise
             except BaseException:
                 machine._gen_call("B", None, previous, feedback)
                 raise

@@ -9,7 +9,7 @@ import incr
 from conftest import label
 
 
-def test_observe_computes_now(rt, log):
+def test_observe_computes_nothing_until_stabilize(rt, log):
     x = rt.input("x", 2)
 
     @incr.cell
@@ -18,7 +18,9 @@ def test_observe_computes_now(rt, log):
         return x.get() ** 2
 
     o = rt.observe(sq)
-    assert log.take() == ["sq"]
+    assert log.take() == []
+    report = rt.stabilize()
+    assert log.take() == ["sq"] and report.recomputed == [label(sq)]
     assert o.value == 4
     assert log.take() == []
     # observing an instance that is already computed runs nothing
@@ -91,6 +93,10 @@ def test_stabilize_report(rt, log):
     rt.observe(word)
     rt.observe(times)
     rt.observe(other)
+    assert log.take() == []
+    first = rt.stabilize()           # observing computed nothing: the first pass does
+    assert sorted(first.recomputed) == sorted(label(c) for c in (parity, word, plus, times,
+                                                                  other))
     log.take()
 
     empty = rt.stabilize()
@@ -126,6 +132,7 @@ def test_recomputed_labels_are_in_run_order(rt, log):
         return v
 
     rt.observe(step, 4)
+    rt.stabilize()
     log.take()
     x.set(10)
     report = rt.stabilize()
@@ -146,19 +153,21 @@ def test_callbacks_fire_once_per_changing_stabilize(rt, log):
     cb = got.append
     assert o.on_change(cb) is cb  # usable as a decorator
     rt.stabilize()
-    assert got == []  # nothing changed since observe
+    assert got == [1]  # the first value: observing computed nothing
+    rt.stabilize()
+    assert got == [1]  # nothing changed since
     x.set(2)
     x.set(3)
     rt.stabilize()
-    assert got == [9]
+    assert got == [1, 9]
     rt.stabilize()
-    assert got == [9]
+    assert got == [1, 9]
     x.set(-3)  # recomputed, but equal: cut off
     rt.stabilize()
-    assert got == [9]
+    assert got == [1, 9]
     x.set(4)
     rt.stabilize()
-    assert got == [9, 16]
+    assert got == [1, 9, 16]
 
 
 def test_value_pulled_before_stabilize_is_still_notified(rt, log):
@@ -173,11 +182,15 @@ def test_value_pulled_before_stabilize_is_still_notified(rt, log):
     got = []
     o.on_change(got.append)
     x.set(5)
-    assert o.value == 25
-    rt.stabilize()
+    assert o.value == 25             # not computed yet: reading the value stabilizes
     assert got == [25]
     rt.stabilize()
     assert got == [25]
+    x.set(6)
+    with rt:
+        assert sq() == 36            # pulled by a plain demand, outside any pass
+    rt.stabilize()
+    assert got == [25, 36]           # still notified by the next pass
     assert log.counts() == {"sq": 2}
 
 
@@ -196,6 +209,7 @@ def test_no_callback_when_the_value_is_cut_off(rt, log):
 
     o_word = rt.observe(word)
     o_par = rt.observe(parity)
+    rt.stabilize()
     calls = []
     o_word.on_change(lambda v: calls.append(("word", v)))
     o_par.on_change(lambda v: calls.append(("parity", v)))

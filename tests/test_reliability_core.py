@@ -403,6 +403,8 @@ def test_observe_a_failing_instance_then_it_succeeds():
 
     with rt:
         o = rt.observe(inv)
+    with pytest.raises(ZeroDivisionError):
+        rt.stabilize()
     assert isinstance(o.error, ZeroDivisionError)
     with pytest.raises(ZeroDivisionError):
         o.value

@@ -1,0 +1,520 @@
+"""Async cells and async calls (internal): how the engine works with asyncio.
+
+The trace is changed by one thread, the one running the event loop; the engine's algorithms
+(demand, verification, run, record, stabilize) stay synchronous. What makes them work with
+``async def`` is one rule and two pieces:
+
+- **Unwind and redo.** Sync code that meets async work it cannot do without blocking (an
+  async cell that must run, an async generator's or validator's call, an instance another
+  task is running) raises ``incr.errors._Suspend`` naming that work. Everything between the
+  point and the nearest *restart point* unwinds and records nothing (a sync run that is
+  unwound leaves its instance as it was, stale). The restart point awaits the work -- each
+  piece once, whoever asks (single flight: ``rt.inflight``) -- and runs its sync step again,
+  which now finds the work done. The restart points are the awaits of incr: ``await f(x)``
+  / ``await cell.aget(x)`` (``ademand``), an async cell's run (``arun``: its body runs again),
+  and ``rt.astabilize()`` (the pass runs again; callbacks run once, in the pass that ends).
+- **Per-task frames.** An async cell's body runs as a coroutine stepped by ``_Stepper``,
+  which makes the task's own frame stack the runtime's running stack for the length of each
+  step and puts it back before yielding to the loop, so reads always land in the frame of the
+  computation that made them, whatever interleaves.
+- **Cycles across tasks.** A task that waits for work records it in ``rt.awaiting``; before
+  waiting for an instance another task runs, the chain of what that task waits for is
+  walked: reaching the waiter is a ``CycleError``, not a deadlock.
+
+Sync code with no loop running (a plain call, ``rt.stabilize()``) runs async work on an event
+loop incr keeps per thread (``drive``). Cancelling a task that awaits incr cancels its own
+work; work shared with other waiters goes on for them (it is shielded); a cancelled run
+records nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from incr.errors import CycleError, IncrError, _OutOfTime, _Suspend
+
+_tl = threading.local()
+_work: dict = {}      # future of work in flight -> [its task, how many wait for it]
+
+
+def loop_running() -> bool:
+    return asyncio._get_running_loop() is not None
+
+
+def _own_loop():
+    loop = getattr(_tl, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _tl.loop = asyncio.new_event_loop()
+    return loop
+
+
+def drive(coro) -> Any:
+    """Run ``coro`` to completion on this thread's own event loop (sync code, no loop running)."""
+    loop = _own_loop()
+    try:
+        return loop.run_until_complete(coro)
+    except BaseException:
+        # interrupted (Ctrl-C) or failed: no task of this call outlives it
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            try:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            except BaseException:
+                pass
+        raise
+
+
+# -- work a sync step can ask for ----------------------------------------------------------
+
+
+class Run:
+    """Run an async instance (its body, as a task)."""
+
+    __slots__ = ("inst", "parent", "key")
+
+    def __init__(self, inst, parent: tuple):
+        self.inst = inst
+        self.parent = parent
+        self.key = inst
+
+    async def do(self, rt) -> None:
+        try:
+            await arun(rt, self.inst, self.parent)
+        except Exception:
+            pass     # recorded in the trace: the waiters' steps meet it where they read it
+
+
+class Wait:
+    """Wait for an instance another task is running."""
+
+    __slots__ = ("inst", "key")
+
+    def __init__(self, inst):
+        self.inst = inst
+        self.key = inst
+
+    async def do(self, rt) -> None:      # never started: only waited for
+        return None
+
+
+class Call:
+    """Make one async call for an LLM node (its generator, or a validator) and keep the
+    outcome where the node's loop takes it on its next run (``sink[skey]``, as a call run
+    ahead in a thread: ``(outcome, reads, seconds)``)."""
+
+    __slots__ = ("key", "factory", "sink", "skey", "inst", "deadline")
+
+    def __init__(self, st, skey, factory, inst, deadline=None):
+        self.key = ("call", id(st), skey)
+        self.factory = factory
+        self.sink = st.prefetched
+        self.skey = skey
+        self.inst = inst
+        self.deadline = deadline          # time.monotonic() past which the call is cancelled
+
+    async def do(self, rt) -> None:
+        f = rt._pseudo_frame(self.inst)
+        t0 = time.monotonic()
+        try:
+            out = await before(_Stepper(rt, self.factory(), [f]), self.deadline)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:        # kept: the node's loop raises it where it called
+            out = e
+        _node, reads = rt._frame_info(f)
+        self.sink[self.skey] = (out, [(d, d._changed_at) for d in reads],
+                                time.monotonic() - t0)
+
+
+async def before(aw, deadline):
+    """Await ``aw``, cancelling it at ``deadline`` (time.monotonic(); None: no limit); then
+    raise incr.errors._OutOfTime (Budget(max_seconds) with a call in flight)."""
+    if deadline is None:
+        return await aw
+    try:
+        return await asyncio.wait_for(aw, max(0.0, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        raise _OutOfTime() from None
+
+
+# -- stepping a coroutine with its own frames ----------------------------------------------
+
+
+class _Stepper:
+    """Await a coroutine, making ``frames`` the runtime's running stack during each of its
+    steps (and only then)."""
+
+    __slots__ = ("rt", "coro", "frames", "first")
+
+    def __init__(self, rt, coro, frames: list, first=None):
+        self.rt = rt
+        self.coro = coro
+        self.frames = frames
+        self.first = first          # what the coroutine yielded in a step already taken
+
+    def __await__(self):
+        rt, coro = self.rt, self.coro
+        value, exc = None, None
+        if self.first is not None:
+            try:
+                value, exc = (yield self.first), None
+            except BaseException as e:
+                value, exc = None, e
+        while True:
+            saved = rt._frames_swap(self.frames)
+            try:
+                if exc is None:
+                    y = coro.send(value)
+                else:
+                    y = coro.throw(exc)
+            except StopIteration as s:
+                return s.value
+            finally:
+                rt._frames_swap(saved)
+            try:
+                value, exc = (yield y), None
+            except BaseException as e:     # cancellation, or what the awaited future raised
+                value, exc = None, e
+
+
+# -- the restart points --------------------------------------------------------------------
+
+
+async def arun(rt, n, parent: tuple) -> None:
+    """Run async instance ``n`` (called by ``parent``, the frames of its caller) and record
+    the run, exactly as a sync run is recorded. Its body runs again if a sync step inside it
+    had to unwind for async work."""
+    chain = [rt._frame_info(f)[0] for f in parent] + [n]
+    while True:
+        frames = list(parent)
+        saved = rt._frames_swap(frames)
+        try:
+            f, had, invalid, start = rt._run_start(n)
+            try:
+                coro = rt._invoke(n)
+            except BaseException as e:
+                rt._run_failed(n, f, had, invalid, e)
+                raise
+        finally:
+            rt._frames_swap(saved)
+        try:
+            value = await _Stepper(rt, coro, frames)
+        except _Suspend as s:
+            saved = rt._frames_swap(frames)
+            try:
+                rt._run_failed(n, f, had, invalid, s)
+            finally:
+                rt._frames_swap(saved)
+            await do_works(rt, s.works, chain)
+            continue
+        except BaseException as e:
+            saved = rt._frames_swap(frames)
+            try:
+                rt._run_failed(n, f, had, invalid, e)
+            finally:
+                rt._frames_swap(saved)
+            raise
+        saved = rt._frames_swap(frames)
+        try:
+            rt._run_finish(n, f, had, value, start)
+        finally:
+            rt._frames_swap(saved)
+        return
+
+
+def run_sync(rt, n) -> bool:
+    """The engine's run of an async instance, from its verification or a demand (sync).
+
+    The body's first step is taken here, on the caller's stack: an async cell whose inputs
+    are ready usually finishes in it, with no event loop involved (the common case when a
+    change is propagated). If it has to wait, it goes on with a stack of its own: as a task
+    of the running loop (the caller unwinds to the nearest restart point, which waits for
+    it), or, in sync code, on this thread's loop."""
+    running = asyncio._get_running_loop()
+    if running is None:
+        # sync code: the step runs as if on this thread's own loop (what it creates -- a
+        # gather, a task, a future -- belongs to the loop that drive() then runs)
+        asyncio._set_running_loop(_own_loop())
+    f, had, invalid, start = rt._run_start(n)
+    try:
+        coro = rt._invoke(n)
+        y = coro.send(None)
+    except StopIteration as s:
+        rt._run_finish(n, f, had, s.value, start)
+        return True
+    except BaseException as e:
+        rt._run_failed(n, f, had, invalid, e)
+        raise
+    finally:
+        if running is None:
+            asyncio._set_running_loop(None)
+    frames = list(rt._frames())         # the caller's stack, then n's frame
+    rt._frames().pop()                  # n's frame leaves the caller's stack
+    work = Resume(n, coro, y, frames, f, had, invalid, start)
+    if loop_running():
+        rt.inflight[n] = None           # in flight: whatever else asks for it waits
+        raise _Suspend([work])
+    drive(work.go(rt))
+    return True
+
+
+class Resume:
+    """Go on with an async instance's run that had to wait in its first step."""
+
+    __slots__ = ("inst", "coro", "y", "frames", "f", "had", "invalid", "start", "key")
+
+    def __init__(self, inst, coro, y, frames, f, had, invalid, start):
+        self.inst, self.coro, self.y, self.frames = inst, coro, y, frames
+        self.f, self.had, self.invalid, self.start = f, had, invalid, start
+        self.key = inst
+
+    async def go(self, rt) -> None:
+        n = self.inst
+        try:
+            value = await _Stepper(rt, self.coro, self.frames, self.y)
+        except _Suspend as s:
+            self._failed(rt, s)
+            chain = [rt._frame_info(f)[0] for f in self.frames]
+            await do_works(rt, s.works, chain)
+            await arun(rt, n, tuple(self.frames[:-1]))     # its body runs again
+            return
+        except BaseException as e:
+            self._failed(rt, e)
+            raise
+        saved = rt._frames_swap(self.frames)
+        try:
+            rt._run_finish(n, self.f, self.had, value, self.start)
+        finally:
+            rt._frames_swap(saved)
+
+    async def do(self, rt) -> None:
+        try:
+            await self.go(rt)
+        except Exception:
+            pass     # recorded in the trace: the waiters' steps meet it where they read it
+
+    def _failed(self, rt, e) -> None:
+        saved = rt._frames_swap(self.frames)
+        try:
+            rt._run_failed(self.inst, self.f, self.had, self.invalid, e)
+        finally:
+            rt._frames_swap(saved)
+
+    def drop(self, rt) -> None:
+        """Nobody will wait for it (the unwinding reached no restart point): close the
+        coroutine, record nothing."""
+        if rt.inflight.get(self.inst, 0) is None:
+            del rt.inflight[self.inst]
+        saved = rt._frames_swap(self.frames)
+        try:
+            self.coro.close()
+        except BaseException:
+            pass
+        finally:
+            rt._frames_swap(saved)
+        self._failed(rt, asyncio.CancelledError())
+
+
+def abandon(rt, works) -> None:
+    """A _Suspend that reached no restart point (sync code inside a running loop): started
+    work nobody will finish is closed, recording nothing."""
+    for w in works:
+        drop = getattr(w, "drop", None)
+        if drop is not None:
+            drop(rt)
+
+
+def call(rt, n):
+    """Calling an async cell: in async code (a running loop, at top level or in an async
+    cell's body) an awaitable; in sync code its value."""
+    frames = rt._frames()
+    if frames:
+        node, _reads = rt._frame_info(frames[-1])
+        if node.cell.is_async:
+            return _ademand(rt, n, tuple(frames))       # in an async cell's body
+    elif loop_running():
+        return _ademand(rt, n, ())                       # top-level async code
+    return rt._demand(n)
+
+
+def ademand(rt, n):
+    """``await cell.aget(...)``: the value of instance ``n``, from async code."""
+    return _ademand(rt, n, tuple(rt._frames()))
+
+
+async def _ademand(rt, n, parent: tuple) -> Any:
+    top = not parent
+    if top:
+        rt._keep_failed(1)
+    try:
+        works = None
+        frames = rt._frames()
+        if not top and frames and frames[-1] is parent[-1]:
+            # awaited in the step that called it (the usual case): demand on the running
+            # stack as it is, with no swap and no copy
+            rt.catching += 1
+            try:
+                return rt._demand(n)
+            except _Suspend as s:
+                works = s.works
+            finally:
+                rt.catching -= 1
+        chain = None
+        while True:
+            if works is not None:
+                if chain is None:
+                    chain = [rt._frame_info(f)[0] for f in parent]
+                await do_works(rt, works, chain)
+            frames = list(parent)
+            saved = rt._frames_swap(frames)
+            rt.catching += 1
+            try:
+                return rt._demand_top(n) if top else rt._demand(n)
+            except _Suspend as s:
+                works = s.works
+            finally:
+                rt.catching -= 1
+                rt._frames_swap(saved)
+    finally:
+        if top:
+            rt._keep_failed(-1)
+
+
+async def astabilize(rt):
+    """``await rt.astabilize()``: ``rt.stabilize()`` for async code. The async work of every
+    observed instance runs concurrently; callbacks run once, when everything is up to date."""
+    rt._keep_failed(1)
+    early: list = []          # runs made by the async work between passes, for the report
+    t0 = time.perf_counter()
+    try:
+        while True:
+            rt.catching += 1
+            try:
+                report = rt.stabilize()
+                report._log[:0] = early
+                report.seconds = time.perf_counter() - t0
+                return report
+            except _Suspend as s:
+                works = s.works
+            finally:
+                rt.catching -= 1
+            rt._report_into(early)
+            try:
+                await do_works(rt, works, [])
+            finally:
+                rt._report_into(None)
+    finally:
+        rt._keep_failed(-1)
+
+
+# -- doing the work --------------------------------------------------------------------------
+
+
+async def do_works(rt, works: list, chain: list) -> None:
+    """Do each piece of work once (single flight), concurrently, and wait for all of it.
+    ``chain``: the instances of the waiting computation, innermost last (for cycles)."""
+    loop = asyncio.get_running_loop()
+    futs, keys, seen = [], [], set()
+    for w in works:
+        if w.key in seen:
+            continue
+        seen.add(w.key)
+        fut = rt.inflight.get(w.key)
+        if fut is None:
+            if isinstance(w, Wait):
+                if w.key not in rt.inflight:
+                    continue         # it finished meanwhile: the step sees its result
+                raise IncrError(f"incr: {w.inst.label_text} is in flight with nobody to "
+                                f"finish it (an internal error; please report it)")
+            fut = loop.create_future()
+            rt.inflight[w.key] = fut
+            _work[fut] = [loop.create_task(_perform(rt, w, fut)), 0]
+        elif chain:
+            _check_cycle(rt, w.key, chain)
+        futs.append(fut)
+        keys.append(w.key)
+    if not futs:
+        return
+    me = chain[-1] if chain else None
+    if me is not None:
+        rt.awaiting[me] = keys
+    for f in futs:
+        if f in _work:
+            _work[f][1] += 1
+    try:
+        await asyncio.gather(*[asyncio.shield(f) for f in futs])
+    finally:
+        if me is not None and rt.awaiting.get(me) is keys:
+            del rt.awaiting[me]
+        for f in futs:
+            entry = _work.get(f)
+            if entry is not None:
+                entry[1] -= 1
+                if entry[1] == 0 and not f.done():
+                    # its last waiter is gone (cancelled): the work is cancelled too, and
+                    # records nothing
+                    entry[0].cancel()
+
+
+async def _perform(rt, w, fut) -> None:
+    try:
+        if isinstance(w, Call) and rt.max_concurrency is not None:
+            # model calls (never nested: a call waits for no other work) are limited
+            async with _limit(rt):
+                await w.do(rt)
+        else:
+            await w.do(rt)
+    except BaseException as e:
+        # what the work itself could not keep (an interrupt, a bug of incr's): its waiters
+        # raise it, rather than asking for the same work again
+        if not fut.done():
+            if isinstance(e, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(e)
+        if not isinstance(e, Exception):
+            raise
+    finally:
+        if rt.inflight.get(w.key) is fut:
+            del rt.inflight[w.key]
+        _work.pop(fut, None)
+        if not fut.done():
+            fut.set_result(None)
+
+
+_limits: dict = {}     # (runtime id, loop id) -> asyncio.Semaphore of max_concurrency
+
+
+def _limit(rt) -> asyncio.Semaphore:
+    key = (id(rt), id(asyncio.get_running_loop()))
+    sem = _limits.get(key)
+    if sem is None:
+        sem = _limits[key] = asyncio.Semaphore(rt.max_concurrency)
+    return sem
+
+
+def _check_cycle(rt, key, chain: list) -> None:
+    """Waiting for ``key`` (run by another task) from ``chain``: a CycleError if that task
+    waits, directly or not, for something on ``chain``."""
+    mine = {id(x): i for i, x in enumerate(chain)}
+    path = [key]
+    stack = [(key, 0)]
+    seen = set()
+    while stack:
+        k, depth = stack.pop()
+        del path[depth:]
+        path.append(k)
+        if id(k) in mine:
+            labels = [x.label_text for x in chain[mine[id(k)]:]]
+            labels += [p.label_text for p in path[:-1] if hasattr(p, "label_text")]
+            raise CycleError(labels + [labels[0]])
+        if id(k) in seen:
+            continue
+        seen.add(id(k))
+        for k2 in rt.awaiting.get(k, ()):
+            stack.append((k2, depth + 1))
