@@ -62,7 +62,7 @@ def test_graph_dot_html_json(store, tmp_path, capsys):
     assert main(["graph", store]) == 0
     dot = capsys.readouterr().out
     assert dot.startswith("digraph incr {") and dot.count("->") == 4  # x->double x2, double->total x2
-    assert '"ix" [label="x", shape="box"' in dot
+    assert '"i78" [label="x", shape="box"' in dot   # an input's id: i + its name in hex
     out = tmp_path / "trace.html"
     assert main(["graph", store, "--format", "html", "-o", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
