@@ -151,11 +151,12 @@ def _open_store(path: str):
 def inspect_cmd(path: str, as_json: bool, out) -> int:
     from incr.store import instances
 
+    from incr.graph import mark_superseded
     from incr.llmnodes import summaries
 
     store = _open_store(path)
     try:
-        rows = instances(store)
+        rows = mark_superseded(instances(store))
         nodes = summaries(store)
         runs = store.run
     finally:
@@ -176,8 +177,14 @@ def inspect_cmd(path: str, as_json: bool, out) -> int:
     for r in rows:
         lab = (r["label"] or "(damaged)")[:width]
         dmg = f"  ({r['damaged']} damaged)" if r["damaged"] else ""
+        old = "  superseded" if r["superseded"] else ""
         w(f"{lab:<{width}}  {r['traces']:>6}  {r['bytes']:>9}  {r['hits']:>6}  "
-          f"{r['last_run']:>8}{dmg}\n")
+          f"{r['last_run']:>8}{old}{dmg}\n")
+    old = sum(r["superseded"] for r in rows)
+    if old:
+        w(f"\n{old} superseded: an older version of a function (its code or version changed) "
+          f"with the same arguments; a newer one ran since. Kept for a change back; "
+          f"`incr gc {shlex.quote(path)}` drops those the latest run did not use.\n")
     if nodes:
         w(f"\nLLM nodes: status, candidate revision, verdicts on that revision, attempts\n")
         for n in nodes:
@@ -192,96 +199,25 @@ def inspect_cmd(path: str, as_json: bool, out) -> int:
     return 0
 
 
-def _dot(nodes: dict, edges: list) -> str:
-    lines = ["digraph incr {", "  rankdir=LR;", '  node [fontname="Helvetica"];']
-    for nid, n in sorted(nodes.items()):
-        shape = "box" if n["kind"] == "input" else "ellipse"
-        lab = n["label"].replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'  {nid} [label="{lab}", shape={shape}];')
-    for a, b in edges:
-        lines.append(f"  {a} -> {b};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def _html(nodes: dict, edges: list, title: str) -> str:
-    import html
-
-    # layered layout: an input sits in layer 0, an instance one right of its deepest dependency
-    deps: dict[str, list[str]] = {n: [] for n in nodes}
-    for a, b in edges:
-        deps[b].append(a)
-    layer: dict[str, int] = {}
-    visiting: set[str] = set()
-    for start in nodes:
-        stack = [start]
-        while stack:
-            n = stack[-1]
-            if n in layer:
-                stack.pop()
-                continue
-            visiting.add(n)
-            pending = [d for d in deps[n] if d not in layer and d not in visiting]
-            if pending:
-                stack.extend(pending)
-                continue
-            # every dependency is placed (one still being visited means a damaged, cyclic
-            # trace: it counts as layer 0 so the page still draws)
-            layer[n] = 1 + max((layer.get(d, 0) for d in deps[n]), default=-1)
-            visiting.discard(n)
-            stack.pop()
-    cols: dict[int, list[str]] = {}
-    for n in sorted(nodes, key=lambda n: nodes[n]["label"]):
-        cols.setdefault(layer[n], []).append(n)
-    pos = {}
-    for c, ns in cols.items():
-        for r, n in enumerate(ns):
-            pos[n] = (40 + c * 220, 40 + r * 50)
-    wdt = 260 + 220 * max(cols, default=0)
-    hgt = 80 + 50 * max((len(v) for v in cols.values()), default=1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{wdt}" height="{hgt}">',
-             '<defs><marker id="a" markerWidth="8" markerHeight="8" refX="8" refY="4" '
-             'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker></defs>']
-    for a, b in edges:
-        (x1, y1), (x2, y2) = pos[a], pos[b]
-        parts.append(f'<line x1="{x1 + 170}" y1="{y1 + 15}" x2="{x2}" y2="{y2 + 15}" '
-                     f'stroke="#999" marker-end="url(#a)"/>')
-    for n, (x, y) in pos.items():
-        kind = nodes[n]["kind"]
-        fill = "#fde9c8" if kind == "input" else "#dbe9fb"
-        lab = html.escape(nodes[n]["label"][:28])
-        full = html.escape(nodes[n]["label"])
-        parts.append(f'<g><title>{full}</title><rect x="{x}" y="{y}" width="170" height="30" '
-                     f'rx="{2 if kind == "input" else 12}" fill="{fill}" stroke="#557"/>'
-                     f'<text x="{x + 8}" y="{y + 20}" font-family="Helvetica,Arial" '
-                     f'font-size="12">{lab}</text></g>')
-    parts.append("</svg>")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>incr trace: "
-            f"{html.escape(title)}</title></head><body style='font-family:Helvetica,Arial'>"
-            f"<h1>incr trace</h1><p>{html.escape(title)}: {sum(1 for n in nodes.values() if n['kind'] == 'cell')} "
-            f"instances, {sum(1 for n in nodes.values() if n['kind'] == 'input')} inputs, "
-            f"{len(edges)} dependencies. Inputs are orange; arrows point from what was read "
-            f"to the instance that read it.</p>" + "".join(parts) + "</body></html>\n")
-
-
-def graph_cmd(path: str, fmt: str, output: str | None, out) -> int:
-    from incr.store import trace
+def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool = False) -> int:
+    from incr import graph
 
     store = _open_store(path)
     try:
-        nodes, edges = trace(store)
+        g = graph.load(store, all_versions=all_versions)
     finally:
         store.close()
     if fmt == "json":
-        text = json.dumps({"nodes": nodes, "edges": edges}, indent=2) + "\n"
+        text = json.dumps(g, indent=2) + "\n"
     elif fmt == "html":
-        text = _html(nodes, edges, path)
+        text = graph.html(g, path)
     else:
-        text = _dot(nodes, edges)
+        text = graph.dot(g)
     if output:
         with open(output, "w", encoding="utf-8") as f:
             f.write(text)
-        out.write(f"wrote {output} ({len(nodes)} nodes, {len(edges)} edges)\n")
+        out.write(f"wrote {output} ({len(g['nodes'])} nodes, {len(g['edges'])} dependencies, "
+                  f"{len(g['verdicts'])} verdict edges)\n")
     else:
         out.write(text)
     return 0
@@ -340,6 +276,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="Graphviz DOT, a standalone HTML page, or JSON (default: dot)")
     p_graph.add_argument("--json", action="store_true", help="same as --format json")
     p_graph.add_argument("-o", "--output", metavar="FILE", help="write to FILE")
+    p_graph.add_argument("--all", action="store_true",
+                         help="also draw superseded instances (an older version of a function "
+                              "with the same arguments), dashed")
     p_gc = sub.add_parser("gc", help="drop entries the latest runs cannot reach")
     p_gc.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
     p_gc.add_argument("--keep-runs", type=int, default=1, metavar="N",
@@ -370,7 +309,8 @@ def main(argv=None) -> int:
         if args.command == "inspect":
             return inspect_cmd(args.store, args.json, out)
         if args.command == "graph":
-            return graph_cmd(args.store, "json" if args.json else args.format, args.output, out)
+            return graph_cmd(args.store, "json" if args.json else args.format, args.output, out,
+                             all_versions=args.all)
         if args.command == "gc":
             if args.keep_runs < 1:
                 parser.error("--keep-runs must be at least 1")

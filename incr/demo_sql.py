@@ -87,9 +87,12 @@ class ChatModel:
                         feedback=feedback)
         text = out.value if isinstance(out, incr.Candidate) else out
         try:
-            return json.loads(_strip(text))
+            spec = json.loads(_strip(text))
         except ValueError:
-            return {"raw": text}
+            spec = {"raw": text}
+        if isinstance(out, incr.Candidate):   # keep what the server reported it cost
+            return incr.Candidate(spec, tokens=out.tokens, cost=out.cost)
+        return spec
 
     def write_sql(self, spec: dict, feedback: tuple):
         self.calls += 1
@@ -116,6 +119,7 @@ def build(rt: incr.Runtime, model) -> dict:
 
     @incr.validator(version="1")
     def spec_checks(spec, key):
+        log.append(("V", "spec_checks"))
         ok = isinstance(spec, dict) and {"measure", "filters"} <= set(spec)
         return incr.ACK("has_measure_and_filters") if ok else incr.NACK(
             "has_measure_and_filters", counterexample={"got": spec},
@@ -129,8 +133,8 @@ def build(rt: incr.Runtime, model) -> dict:
 
     @incr.validator(version="1")
     def sql_checks(sql, key):
+        log.append(("V", "sql_checks"))
         for case, rows, expected in CASES:
-            log.append(("C", case))
             try:
                 got = _query(sql, rows)
             except sqlite3.Error as e:
@@ -190,6 +194,18 @@ def run(store: str | None = ".incr", *, model_spec: str | None = None,
         items, log[:] = list(log), []
         return items
 
+    def tokens() -> int:
+        """Tokens the model reported, over every attempt A and B recorded (0 for the scripted
+        stand-in, which reports none)."""
+        from incr.llmnodes import _instance
+        n = 0
+        for node in (g["interpret"], g["write_sql"]):
+            _inst, st = _instance(rt, node, ("q",), {}, "state")
+            n += 0 if st is None else sum(a.tokens for a in st.attempts)
+        return n
+
+    tokens_before = 0
+
     def summarize(title, report, items, calls_before):
         gens = [f"{who} (fed back: {n} NACK{'s' if n != 1 else ''})" if n else who
                 for who, what, *rest in [i for i in items if len(i) == 3]
@@ -198,7 +214,8 @@ def run(store: str | None = ".incr", *, model_spec: str | None = None,
             "step": title, "revision": rt.revision,
             "model_calls": model.calls - calls_before,
             "generated": gens,
-            "checks_run": sum(1 for i in items if i[0] == "C"),
+            "validator_runs": sum(1 for i in items if i[0] == "V"),
+            "tokens": tokens() - tokens_before,
             "query_ran": any(i[0] == "query" for i in items),
             "loaded": list(report.loaded) if report is not None else [],
             "answer": observer.value,
@@ -224,7 +241,7 @@ def run(store: str | None = ".incr", *, model_spec: str | None = None,
                                       for k, v in nacks]
                 steps[-1]["sql"] = st.candidate
                 steps[-1]["sql_revision"] = st.revision
-                calls0 = model.calls
+                calls0, tokens_before = model.calls, tokens()
                 g["orders"].set(MORE_DATA)
                 report = rt.stabilize()
                 summarize("the data changes: two more orders", report, take(), calls0)
@@ -247,11 +264,15 @@ def run(store: str | None = ".incr", *, model_spec: str | None = None,
     w(f"model: {model.name}\n")
     w(f"request: {REQUEST!r}\n")
     w("A interprets the request, B writes SQL, C checks B's SQL on prepared rows with known\n"
-      "answers; the accepted SQL then runs on the orders table (SQLite).\n\n")
+      "answers; the accepted SQL then runs on the orders table (SQLite). A validator run is\n"
+      "one validator judging one candidate: A's spec is checked for its fields, C runs one\n"
+      f"candidate SQL on its {len(CASES)} prepared cases.\n\n")
     for s in steps:
         w(f"[revision {s['revision']}] {s['step']}\n")
         w(f"    model calls: {s['model_calls']}"
-          + (f" ({', '.join(s['generated'])})" if s["generated"] else "") + "\n")
+          + (f" ({', '.join(s['generated'])})" if s["generated"] else "")
+          + (f"; {s['tokens']} tokens (as the server reported them)"
+             if isinstance(model, ChatModel) else "") + "\n")
         past = " (recorded by an earlier run)" if not s["model_calls"] else ""
         for n in s.get("nacks", ()):
             w(f"    C said NACK to B's revision {n['revision']} on {n['case']!r}{past}: "
@@ -263,11 +284,12 @@ def run(store: str | None = ".incr", *, model_spec: str | None = None,
               f"{'s' if a != 1 else ''}\n")
         if "sql" in s:
             w(f"    accepted SQL (B revision {s['sql_revision']}): {s['sql']}\n")
-        w(f"    checks run: {s['checks_run']}; query ran: {'yes' if s['query_ran'] else 'no'}"
+        w(f"    validator runs: {s['validator_runs']}; query ran: "
+          f"{'yes' if s['query_ran'] else 'no'}"
           + (f"; from the store: {', '.join(s['loaded'])}" if s["loaded"] else "") + "\n")
         w(f"    answer = {s['answer']}\n")
-    w(f"\nCounters: generations {stats['generations']}, validations {stats['validations']}, "
-      f"from the store {stats['store_hits']}\n")
+    w(f"\nCounters: model calls (generations) {stats['generations']}, validator runs "
+      f"{stats['validations']}, from the store {stats['store_hits']}\n")
     if store:
         if total_calls == 0:
             w(f"\nThis run called the model 0 times: the accepted SQL and every result came "

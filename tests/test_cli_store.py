@@ -62,7 +62,7 @@ def test_graph_dot_html_json(store, tmp_path, capsys):
     assert main(["graph", store]) == 0
     dot = capsys.readouterr().out
     assert dot.startswith("digraph incr {") and dot.count("->") == 4  # x->double x2, double->total x2
-    assert 'label="x", shape=box' in dot
+    assert '"i78" [label="x", shape="box"' in dot   # an input's id: i + its name in hex
     out = tmp_path / "trace.html"
     assert main(["graph", store, "--format", "html", "-o", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
@@ -71,8 +71,8 @@ def test_graph_dot_html_json(store, tmp_path, capsys):
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
     # laid out in layers: what is read stands left of what reads it
     import re
-    xs = {lab: int(x) for x, lab in re.findall(r'<rect x="(\d+)"[^>]*>.*?<text[^>]*>([^<]+)</text>',
-                                                 page)}
+    xs = {lab: float(x) for x, lab in re.findall(
+        r'<rect x="([\d.]+)"[^>]*>.*?<text[^>]*>([^<]+)</text>', page)}
     assert xs["x"] < xs["double(1)"] == xs["double(2)"] < xs["total()"]
     assert main(["graph", store, "--json"]) == 0
     g = json.loads(capsys.readouterr().out)
@@ -133,8 +133,8 @@ def test_graph_html_layers_a_cell_reading_two_inputs(tmp_path):
     rt.close()
     out = tmp_path / "g.html"
     assert main(["graph", path, "--format", "html", "-o", str(out)]) == 0
-    xs = {lab: int(x) for x, lab in re.findall(
-        r'<rect x="(\d+)"[^>]*>.*?<text[^>]*>([^<]+)</text>', out.read_text())}
+    xs = {lab: float(x) for x, lab in re.findall(
+        r'<rect x="([\d.]+)"[^>]*>.*?<text[^>]*>([^<]+)</text>', out.read_text())}
     assert xs["a"] == xs["b"] < xs["both()"] < xs["twice()"]
 
 

@@ -65,3 +65,24 @@ def test_demo_with_a_chat_endpoint(tmp_path):
     last = json.dumps(Chat.requests[-1][1]["messages"])
     assert "excludes_refunds" in last and '\\"expected\\":1' in last
     assert result["stats"]["generations"] == 3
+    # every call's tokens are counted, A's (interpret) included: 3 calls of 15 tokens
+    assert start["tokens"] == 45 and result["steps"][1]["tokens"] == 0
+
+
+def test_demo_text_explains_its_counts_and_shows_tokens(tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1"
+        out = subprocess.run(
+            [sys.executable, "-m", "incr.cli", "demo", "--memory",
+             "--model", "openai:test-model", "--base-url", url],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        server.shutdown()
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "checks run" not in text and "validations" not in text
+    assert "A validator run is\none validator judging one candidate" in text
+    assert "validator runs: 3;" in text and "validator runs 3," in text
+    assert "45 tokens (as the server reported them)" in text

@@ -97,7 +97,10 @@ def test_sql_demo_story(tmp_path):
     assert nack["counterexample"]["expected"] == 1 and nack["counterexample"]["got"] == 2
     assert "refunded = 0" in start["sql"] and start["sql_revision"] == 2
     assert start["answer"] == 2
-    assert data["model_calls"] == 0 and data["checks_run"] == 0 and data["query_ran"]
+    # one word for one thing: the per-step validator runs add up to the runtime's counter
+    # (A's spec checked once, B's two candidates checked once each)
+    assert start["validator_runs"] == 3 == first["stats"]["validations"]
+    assert data["model_calls"] == 0 and data["validator_runs"] == 0 and data["query_ran"]
     assert data["answer"] == 3
     second = _demo_json("--store", store)
     assert second["model_calls"] == 0 and second["stats"]["generations"] == 0
