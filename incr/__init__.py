@@ -49,6 +49,7 @@ from incr._core import (
     current,
     untracked,
 )
+from incr.collections import Fold, IncrMap, InputMap, MapView, input_map
 from incr.errors import (
     CycleError,
     IncrError,
@@ -89,6 +90,11 @@ __all__ = [
     "IDENTITY",
     "NEVER",
     "Cell",
+    "Fold",
+    "IncrMap",
+    "InputMap",
+    "MapView",
+    "input_map",
     "CycleError",
     "IncrError",
     "Input",
