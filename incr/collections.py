@@ -433,11 +433,12 @@ class InputMap(IncrMap):
 
     def update(self, mapping: Any = (), *, delete: Any = ()) -> None:
         """Set every ``(key, value)`` of ``mapping`` and remove every key of ``delete``
-        (missing ones are ignored), as one revision."""
+        (missing ones are ignored; a key in both ends up removed), as one revision."""
         items = list(mapping.items() if hasattr(mapping, "items") else mapping)
-        dels = [k for k in delete if k in self._data]
+        gone = set(delete)
         changed = [(k, v) for k, v in items
-                   if not _same(self._data.get(k, _ABSENT), v)]
+                   if k not in gone and not _same(self._data.get(k, _ABSENT), v)]
+        dels = [k for k in gone if k in self._data]
         if not changed and not dels:
             return
         for k, _ in changed:
@@ -596,7 +597,11 @@ class _OneUp(IncrMap):
         # phase 2: apply
         self._apply(results)
         self._pending.clear()
+        self._track(rt)
         return self._view()
+
+    def _track(self, rt: Any) -> None:
+        pass
 
     def _apply(self, results: dict) -> None:
         for key, r in results.items():
@@ -620,6 +625,11 @@ class _MapNode(_OneUp):
 
     def _compute(self, key: Any, value: Any) -> Any:
         return self._fn(self._rt, key, (key, value))
+
+    def _track(self, rt: Any) -> None:
+        # what the instances run in this pass read is a dependency of the map from now on
+        for dep in self._fn.ext_seen:
+            rt._read(dep)
 
     def _dropped(self, key: Any) -> None:
         self._fn.drop(key)
