@@ -246,3 +246,13 @@ def test_persistence_of_map_instances(tmp_path):
     assert run("z") == "XYZ ['a', 'b', 'c']"
     assert run("z") == "XYZ []"
     assert run("w") == "XYW ['c']"
+
+
+def test_docs_collections_examples_run():
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / "docs" / "collections.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, "docs/collections.md", "exec"), {})  # noqa: S102 - our docs
