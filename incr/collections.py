@@ -170,7 +170,7 @@ class _Node(Cell):
         ch = up._since(seen)
         if ch is None:       # first run, or fell behind a trimmed log: everything
             self._pending.update(up._data)
-            self._pending.update(own)
+            self._pending.update(own() if callable(own) else own)
         else:
             self._pending.update(ch)
         setattr(self, slot, up._version)
@@ -780,54 +780,43 @@ class Fold(_Node):
         if self._kindname == "count":
             up._demand()
             return len(up._data)
-        self._pull(up, "_seen", self._own_keys())
+        self._pull(up, "_seen", self._own_keys)
         data = up._data
-        pending = self._pending
+        keys = list(self._pending)
+        # a fresh set (popping a drained large set scans its whole table)
+        self._pending = set()
         tree = self._tree
-        if tree is not None:
-            if self._kindname == "top_k" and self._keyfn is not None:
-                keyfn = self._keyfn
-                while pending:
-                    key = pending.pop()
+        i = 0
+        try:
+            if tree is not None:
+                keyfn = self._keyfn if self._kindname == "top_k" else None
+                for i, key in enumerate(keys):
                     v = data.get(key, _ABSENT)
-                    try:
-                        if v is _ABSENT:
-                            tree.delete(key)
-                        else:
-                            tree.set(key, v, keyfn(v))
-                    except BaseException:
-                        pending.add(key)
-                        raise
-            else:
-                while pending:
-                    key = pending.pop()
-                    v = data.get(key, _ABSENT)
-                    try:
-                        if v is _ABSENT:
-                            tree.delete(key)
-                        else:
-                            tree.set(key, v)
-                    except BaseException:
-                        pending.add(key)
-                        raise
-            return tree.value
-        # fold(add, remove, init)
-        vals = self._vals
-        while pending:
-            key = next(iter(pending))
-            acc = self._acc
-            old = vals.get(key, _ABSENT)
-            new = data.get(key, _ABSENT)
-            if old is not _ABSENT:
-                acc = self._remove(acc, key, old)
-            if new is not _ABSENT:
-                acc = self._add(acc, key, new)
-                vals[key] = new
-            else:
-                vals.pop(key, None)
-            self._acc = acc
-            pending.discard(key)
-        return self._acc
+                    if v is _ABSENT:
+                        tree.delete(key)
+                    elif keyfn is not None:
+                        tree.set(key, v, keyfn(v))
+                    else:
+                        tree.set(key, v)
+                return tree.value
+            # fold(add, remove, init): one key at a time, committed as it goes
+            vals = self._vals
+            for i, key in enumerate(keys):
+                acc = self._acc
+                old = vals.get(key, _ABSENT)
+                new = data.get(key, _ABSENT)
+                if old is not _ABSENT:
+                    acc = self._remove(acc, key, old)
+                if new is not _ABSENT:
+                    acc = self._add(acc, key, new)
+                    vals[key] = new
+                else:
+                    vals.pop(key, None)
+                self._acc = acc
+            return self._acc
+        except BaseException:
+            self._pending.update(keys[i:])    # the rest waits for the next run
+            raise
 
 
 def input_map(rt: Any, name: str, mapping: Any = None) -> InputMap:
