@@ -50,6 +50,7 @@ from incr._core import (
     gather,
     untracked,
 )
+from incr.collections import Fold, IncrMap, InputMap, MapView, input_map
 from incr.errors import (
     CycleError,
     IncrError,
@@ -90,6 +91,11 @@ __all__ = [
     "IDENTITY",
     "NEVER",
     "Cell",
+    "Fold",
+    "IncrMap",
+    "InputMap",
+    "MapView",
+    "input_map",
     "CycleError",
     "IncrError",
     "Input",

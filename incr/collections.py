@@ -1,0 +1,828 @@
+"""Incremental collections: keyed maps whose operators propagate one key at a time.
+
+``input_map(rt, name, mapping)`` declares a keyed input; its operators (``map``, ``filter``,
+``map_keys``, ``join``, ``group_by``) return incremental maps and its folds (``sum``,
+``count``, ``min``, ``max``, ``top_k``, ``reduce``, ``fold``) return cell-like values. Every map
+and fold is an incr cell with no arguments (``rt.observe(total)``, ``rt.explain(total)``,
+``total()`` inside a cell), so early cutoff, observers and explanations work as for any cell.
+
+How it propagates (read this before changing anything here):
+
+- every map node keeps its current content (``_data``) and a log of the keys whose entry
+  changed (``_log``, absolute positions from ``_log_start``); its cell's value is a ``MapView``
+  that compares equal exactly when the log did not move, so a run that changed no key cuts off;
+- a node's cell reads its upstream cells (engine dependencies), takes the keys logged since the
+  position it last consumed (``_seen``) into ``_pending``, and recomputes those keys only; a
+  consumer that fell behind a trimmed log re-reads everything (O(n), amortized by the trim);
+- ``map(cell)`` demands one instance ``cell(key, value)`` per key, untracked: the map does not
+  depend on every instance (that would make each run O(n)); it reads, tracked, whatever those
+  instances read besides their arguments (``_ext``), and re-demands only the keys whose
+  instance read a dependency that changed. A plain function is called directly; anything it
+  reads makes a change there re-run it for every key;
+- folds keep a ``FoldTree`` (incr._collections, compiled): one key changed is one root path.
+
+Collection cells are never written to the store (their state lives in this process and is
+rebuilt at the first demand); the ``map`` instances they demand are ordinary cells and are
+stored and reused across processes like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from incr._collections import FoldTree
+from incr._core import EQUAL, Cell, Input, current, untracked
+from incr.errors import _Deferred
+
+__all__ = ["IncrMap", "InputMap", "Fold", "MapView", "input_map"]
+
+_ABSENT: Any = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+class _Stamp:
+    """The value of a map's anchor input: a change counter that the store cannot encode (so
+    nothing that reads it is ever recorded)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Stamp and other.n == self.n  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self.n)
+
+    def __repr__(self) -> str:
+        return f"<change {self.n}>"
+
+
+_KINDS = {bool: "number", int: "number", float: "number", str: "str", bytes: "bytes",
+          type(None): "none", tuple: "tuple"}
+
+
+def _key_kind(key: Any, where: str) -> str:
+    kind = _KINDS.get(type(key))
+    if kind is None:
+        raise TypeError(f"{where}: a key must be None, bool, int, float, str, bytes or a tuple "
+                        f"of them, got {type(key).__name__} {key!r}")
+    if kind == "tuple":
+        for k in key:
+            _key_kind(k, where)
+    return kind
+
+
+def _fn_label(fn: Any) -> str:
+    q = getattr(fn, "qualname_label", None) or getattr(fn, "__qualname__", None) \
+        or getattr(fn, "__name__", None) or repr(fn)
+    return q.rsplit("<locals>.", 1)[-1]
+
+
+class MapView(Mapping):
+    """The value of a map cell: a read-only mapping of the map's entries, in key order.
+
+    Two views are equal when they are of the same map at the same change, so a map cell whose
+    run changed no key is cut off. A view reads the map as it is now (as of its last
+    stabilization or demand), not a copy taken when the view was made.
+    """
+
+    __slots__ = ("_node", "_version")
+
+    def __init__(self, node: IncrMap, version: int) -> None:
+        self._node = node
+        self._version = version
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is MapView and other._node is self._node  # type: ignore[attr-defined]
+                and other._version == self._version)  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((id(self._node), self._version))
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._node._data[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._node._sorted_keys())
+
+    def __len__(self) -> int:
+        return len(self._node._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._node._data
+
+    def __repr__(self) -> str:
+        n = self._node
+        return f"<incr map {n.label}: {len(n._data)} keys>"
+
+
+class _Node(Cell):
+    """A collection node: a cell with no arguments whose function updates the node."""
+
+    def __init__(self, rt: Any, label: str, cutoff: Any = EQUAL) -> None:
+        node = self
+
+        def drive() -> Any:
+            return node._drive()
+
+        drive.__qualname__ = drive.__name__ = label
+        drive.__module__ = "incr.collections"
+        Cell.__init__(self, drive, cutoff=cutoff)
+        # never stored (its state is in this process), and no NotPersistableWarning for it
+        self._incr_warned = True
+        self._rt = rt
+        self.label = label
+        self._pending: set = set()
+
+    def _demand(self) -> Any:
+        # bring the node up to date on its runtime; inside a running cell of that runtime the
+        # read is recorded like any cell call
+        rt = self._rt
+        if current() is rt:
+            return Cell.__call__(self)
+        return rt._demand_top(rt._instance(self, (), {}))
+
+    def __call__(self) -> Any:  # type: ignore[override]
+        return self._demand()
+
+    def __repr__(self) -> str:
+        return f"<incr {type(self).__name__} {self.label}>"
+
+    # -- pulling changes from an upstream map ----------------------------------------------
+
+    def _pull(self, up: IncrMap, slot: str, own: Any) -> None:
+        # the keys of `up` changed since this node last looked go to _pending
+        up._demand()
+        seen = getattr(self, slot)
+        ch = up._since(seen)
+        if ch is None:       # first run, or fell behind a trimmed log: everything
+            self._pending.update(up._data)
+            self._pending.update(own() if callable(own) else own)
+        else:
+            self._pending.update(ch)
+        setattr(self, slot, up._version)
+
+
+class IncrMap(_Node):
+    """An incremental map: a cell whose value is a ``MapView`` of its entries.
+
+    Read it with ``m()`` (a MapView), ``m[key]``, ``m.get(key)``, ``m.items()``, ``len(m)``,
+    iteration (key order); inside a running cell these record a dependency on the map.
+    Transform it with ``map``, ``filter``, ``map_keys``, ``join``, ``group_by``; fold it with
+    ``sum``, ``count``, ``min``, ``max``, ``top_k``, ``reduce``, ``fold``.
+    """
+
+    _LOG_MIN = 4096
+
+    def __init__(self, rt: Any, label: str) -> None:
+        _Node.__init__(self, rt, label)
+        self._data: dict = {}
+        self._log: list = []
+        self._log_start = 0
+        self._sorted: list | None = None
+        self._kind: str | None = None
+        self._ran_from = 0          # log position at the start of the last run
+
+    # -- the change log ----------------------------------------------------------------------
+
+    @property
+    def _version(self) -> int:
+        return self._log_start + len(self._log)
+
+    def _since(self, pos: int) -> list | None:
+        if pos < self._log_start:
+            return None
+        return self._log[pos - self._log_start:]
+
+    def _emit(self, key: Any) -> None:
+        log = self._log
+        log.append(key)
+        if len(log) > self._LOG_MIN and len(log) > len(self._data):
+            h = len(log) // 2
+            del log[:h]
+            self._log_start += h
+
+    def _put(self, key: Any, value: Any) -> bool:
+        data = self._data
+        old = data.get(key, _ABSENT)
+        if old is _ABSENT:
+            kind = _key_kind(key, self.label)
+            if self._kind is None or not data:
+                self._kind = kind
+            elif kind != self._kind:
+                raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
+                                f"other keys (all keys of a map are of one kind: numbers, "
+                                f"str, bytes or tuples)")
+            self._sorted = None
+        elif _same(old, value):
+            return False
+        data[key] = value
+        self._emit(key)
+        return True
+
+    def _del(self, key: Any) -> bool:
+        if self._data.pop(key, _ABSENT) is _ABSENT:
+            return False
+        self._sorted = None
+        self._emit(key)
+        return True
+
+    def _sorted_keys(self) -> list:
+        if self._sorted is None:
+            self._sorted = sorted(self._data)
+        return self._sorted
+
+    def _view(self) -> MapView:
+        return MapView(self, self._version)
+
+    @property
+    def last_changes(self) -> list:
+        """The keys whose entry changed in the node's last run (while the log still holds
+        them), for tests and explanations."""
+        return list(self._since(self._ran_from) or ())
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def __getitem__(self, key: Any) -> Any:
+        self._demand()
+        return self._data[key]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._demand()
+        return self._data.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._demand()
+        return key in self._data
+
+    def __len__(self) -> int:
+        self._demand()
+        return len(self._data)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self._demand()
+        return iter(list(self._sorted_keys()))
+
+    def keys(self) -> list:
+        self._demand()
+        return list(self._sorted_keys())
+
+    def items(self) -> list:
+        self._demand()
+        d = self._data
+        return [(k, d[k]) for k in self._sorted_keys()]
+
+    def values(self) -> list:
+        self._demand()
+        d = self._data
+        return [d[k] for k in self._sorted_keys()]
+
+    def to_dict(self) -> dict:
+        """A plain dict of the entries, in key order."""
+        return dict(self.items())
+
+    # -- operators -------------------------------------------------------------------------
+
+    def map(self, fn: Callable[[Any, Any], Any]) -> IncrMap:
+        """``{key: fn(key, value)}``: one computation per key. With an incr cell (or an
+        ``@incr.llm`` node), one instance ``fn(key, value)`` per key; a changed key demands its
+        own instance only, a deleted key drops its entry."""
+        return _MapNode(self, fn)
+
+    def filter(self, pred: Callable[[Any, Any], Any]) -> IncrMap:
+        """The entries for which ``pred(key, value)`` is true."""
+        return _FilterNode(self, pred)
+
+    def map_keys(self, fn: Callable[[Any], Any]) -> IncrMap:
+        """``{fn(key): value}``; ``fn`` must not map two present keys to one (ValueError)."""
+        return _MapKeysNode(self, fn)
+
+    def join(self, other: IncrMap, how: str = "inner") -> IncrMap:
+        """``{key: (left, right)}`` for the keys of both maps (``how="inner"``), of this one
+        (``"left"``, a missing right is None) or of either (``"outer"``)."""
+        return _JoinNode(self, other, how)
+
+    def group_by(self, fn: Callable[[Any, Any], Any]) -> IncrMap:
+        """``{group: {key: value, ...}}`` with ``group = fn(key, value)``; each group's dict
+        is in key order and is rebuilt (O(its size)) when one of its entries changes."""
+        return _GroupByNode(self, fn)
+
+    def sum(self, start: Any = 0) -> Fold:
+        """The sum of the values (``start`` when empty), in key order."""
+        return Fold(self, "sum", f"{self.label}.sum", identity=start)
+
+    def count(self) -> Fold:
+        """The number of entries."""
+        return Fold(self, "count", f"{self.label}.count")
+
+    def min(self, default: Any = None) -> Fold:
+        """The least value, or ``default`` when empty."""
+        return Fold(self, "min", f"{self.label}.min", identity=default)
+
+    def max(self, default: Any = None) -> Fold:
+        """The greatest value, or ``default`` when empty."""
+        return Fold(self, "max", f"{self.label}.max", identity=default)
+
+    def top_k(self, k: int, key: Callable[[Any], Any] | None = None) -> Fold:
+        """The ``k`` entries with the largest values (or ``key(value)``), as a tuple of
+        ``(key, value)`` pairs, largest first; equal values in key order (as
+        ``heapq.nlargest(k, m.items(), key=...)``)."""
+        if not isinstance(k, int) or k < 0:
+            raise ValueError(f"top_k: k must be an int >= 0, got {k!r}")
+        label = f"{self.label}.top_k({k}" + (f", key={_fn_label(key)})" if key else ")")
+        return Fold(self, "top_k", label, k=k, keyfn=key)
+
+    def reduce(self, op: Callable[[Any, Any], Any], identity: Any = None) -> Fold:
+        """``op`` over the values in key order (``identity`` when empty); ``op`` must be
+        associative. Kept in a balanced tree: one changed key costs O(log n) calls of op."""
+        if not callable(op):
+            raise TypeError(f"reduce: op must be callable, got {op!r}")
+        return Fold(self, "reduce", f"{self.label}.reduce({_fn_label(op)})", op=op,
+                    identity=identity)
+
+    def fold(self, add: Callable[[Any, Any, Any], Any], remove: Callable[[Any, Any, Any], Any],
+             init: Any) -> Fold:
+        """An accumulator: ``add(acc, key, value)`` for each entry that appears,
+        ``remove(acc, key, value)`` for each that goes (a changed entry is removed, then added
+        again). O(1) calls per changed key; ``remove`` must undo ``add``."""
+        if not (callable(add) and callable(remove)):
+            raise TypeError("fold: add and remove must be callable")
+        return Fold(self, "fold", f"{self.label}.fold({_fn_label(add)}, {_fn_label(remove)})",
+                    add=add, remove=remove, identity=init)
+
+
+class InputMap(IncrMap):
+    """A keyed input. Create with ``incr.input_map(rt, name, mapping)``.
+
+    ``set(key, value)``, ``delete(key)`` and ``update(mapping, delete=())`` (one revision)
+    change it outside computations; ``get``, ``m[key]``, ``len``, iteration (key order) read
+    it. Inside a running cell ``m[key]`` and ``m.get(key)`` depend on that key only.
+    """
+
+    def __init__(self, rt: Any, name: str, mapping: Any = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"input_map needs a non-empty str name, got {name!r}")
+        self._stamp = 0
+        self._anchor = rt.input(name, _Stamp(0))   # reserves the name; ValueError if taken
+        IncrMap.__init__(self, rt, name)
+        self._key_inputs: dict = {}
+        if mapping is not None:
+            items = mapping.items() if hasattr(mapping, "items") else mapping
+            for k, v in items:
+                self._put(k, v)
+            self._log.clear()       # a consumer's first run reads everything anyway
+            self._log_start = 0
+
+    @property
+    def revision(self) -> int:
+        """The input's own change counter (for tests)."""
+        return self._stamp
+
+    def _drive(self) -> MapView:
+        self._anchor.get()
+        self._ran_from = self._version
+        return self._view()
+
+    def _bump(self) -> None:
+        # first: raises ReentrancyError (nothing changed) inside a computation
+        self._stamp += 1
+        try:
+            self._anchor.set(_Stamp(self._stamp))
+        except BaseException:
+            self._stamp -= 1
+            raise
+
+    def _key_changed(self, key: Any) -> None:
+        inp = self._key_inputs.get(key)
+        if inp is not None:
+            inp.set(self._data.get(key, _ABSENT))
+
+    def set(self, key: Any, value: Any) -> None:
+        """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
+        old = self._data.get(key, _ABSENT)
+        if old is not _ABSENT and _same(old, value):
+            return
+        if old is _ABSENT:
+            _key_kind(key, self.label)
+        with self._rt.batch():
+            self._bump()
+            self._put(key, value)
+            self._key_changed(key)
+
+    def delete(self, key: Any) -> None:
+        """Remove ``key`` (KeyError if it is not there)."""
+        if key not in self._data:
+            raise KeyError(key)
+        with self._rt.batch():
+            self._bump()
+            self._del(key)
+            self._key_changed(key)
+
+    def update(self, mapping: Any = (), *, delete: Any = ()) -> None:
+        """Set every ``(key, value)`` of ``mapping`` and remove every key of ``delete``
+        (missing ones are ignored; a key in both ends up removed), as one revision."""
+        items = list(mapping.items() if hasattr(mapping, "items") else mapping)
+        gone = set(delete)
+        changed = [(k, v) for k, v in items
+                   if k not in gone and not _same(self._data.get(k, _ABSENT), v)]
+        dels = [k for k in gone if k in self._data]
+        if not changed and not dels:
+            return
+        for k, _ in changed:
+            _key_kind(k, self.label)
+        with self._rt.batch():
+            self._bump()
+            for k, v in changed:
+                self._put(k, v)
+                self._key_changed(k)
+            for k in dels:
+                self._del(k)
+                self._key_changed(k)
+
+    # reads: per key inside a cell, plain outside
+    def _key_input(self, key: Any) -> Input:
+        inp = self._key_inputs.get(key)
+        if inp is None:
+            inp = Input(self._rt, f"{self.label}[{key!r}]", self._data.get(key, _ABSENT))
+            self._key_inputs[key] = inp
+        return inp
+
+    def _in_cell(self) -> bool:
+        return current() is self._rt and self._rt._running() is not None
+
+    def __getitem__(self, key: Any) -> Any:
+        v = self._key_input(key).get() if self._in_cell() else self._data.get(key, _ABSENT)
+        if v is _ABSENT:
+            raise KeyError(key)
+        return v
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        v = self._key_input(key).get() if self._in_cell() else self._data.get(key, _ABSENT)
+        return default if v is _ABSENT else v
+
+    def __contains__(self, key: object) -> bool:
+        if self._in_cell():
+            return self._key_input(key).get() is not _ABSENT
+        return key in self._data
+
+    def _demand(self) -> Any:
+        if self._in_cell():
+            return Cell.__call__(self)
+        return self._view()
+
+
+class _PerKeyFn:
+    """Calls a per-key function (a cell: one instance per key, demanded untracked, with
+    what the instance read besides its arguments tracked by the node; a plain function:
+    called directly, its reads recorded on the node as a whole)."""
+
+    def __init__(self, node: _Node, fn: Any) -> None:
+        if not callable(fn):
+            raise TypeError(f"{node.label}: expected a function or an incr cell, got {fn!r}")
+        self.node = node
+        self.fn = fn
+        self.is_cell = isinstance(fn, Cell)
+        self.key_ext: dict = {}     # key -> deps of its instance (cells), if any
+        self.ext_keys: dict = {}    # dep -> set of keys whose instance read it
+        self.ext_seen: dict = {}    # dep -> its changed_at when last looked at
+        self.glob: dict = {}        # plain fn: dep -> changed_at
+
+    def check(self, rt: Any, all_keys: Any) -> set:
+        """Read (tracked) every outside dependency; the keys to run again because one moved."""
+        out: set = set()
+        for dep, seen in list(self.ext_seen.items()):
+            rt._read(dep)
+            if dep._changed_at != seen:
+                self.ext_seen[dep] = dep._changed_at
+                out.update(self.ext_keys.get(dep, ()))
+        moved = False
+        for dep, seen in list(self.glob.items()):
+            rt._read(dep)
+            if dep._changed_at != seen:
+                self.glob[dep] = dep._changed_at
+                moved = True
+        if moved:
+            out.update(all_keys)
+        return out
+
+    def __call__(self, rt: Any, key: Any, args: tuple) -> Any:
+        if self.is_cell:
+            inst = rt._instance(self.fn, args, {})
+            with untracked():
+                v = rt._read(inst)
+            deps = inst._deps
+            old = self.key_ext.get(key, ())
+            if deps or old:
+                self._set_ext(key, tuple(deps))
+            return v
+        reads = rt._reads()
+        n0 = len(reads)
+        v = self.fn(*args)
+        if len(reads) > n0:
+            for dep in reads[n0:]:
+                if dep not in self.glob:
+                    self.glob[dep] = dep._changed_at
+        return v
+
+    def _set_ext(self, key: Any, deps: tuple) -> None:
+        old = self.key_ext.pop(key, ())
+        for d in old:
+            ks = self.ext_keys.get(d)
+            if ks is not None:
+                ks.discard(key)
+                if not ks:
+                    del self.ext_keys[d]
+                    self.ext_seen.pop(d, None)
+        if deps:
+            self.key_ext[key] = deps
+            for d in deps:
+                if d not in self.ext_keys:
+                    self.ext_keys[d] = set()
+                    self.ext_seen[d] = d._changed_at
+                self.ext_keys[d].add(key)
+
+    def drop(self, key: Any) -> None:
+        if key in self.key_ext:
+            self._set_ext(key, ())
+
+
+class _OneUp(IncrMap):
+    """A map computed key by key from one upstream map."""
+
+    def __init__(self, up: IncrMap, label: str) -> None:
+        IncrMap.__init__(self, up._rt, label)
+        self._up = up
+        self._seen = -1
+
+    def _compute(self, key: Any, value: Any) -> Any:   # the new entry, or _ABSENT
+        raise NotImplementedError
+
+    def _extra(self, rt: Any) -> None:
+        pass
+
+    def _drive(self) -> MapView:
+        rt = self._rt
+        self._ran_from = self._version
+        self._pull(self._up, "_seen", self._data)
+        self._extra(rt)
+        up = self._up._data
+        results = {}
+        deferred = None
+        # phase 1: compute (may raise: nothing changed yet, the keys stay pending)
+        for key in self._pending:
+            v = up.get(key, _ABSENT)
+            if v is _ABSENT:
+                results[key] = _ABSENT
+                continue
+            try:
+                results[key] = self._compute(key, v)
+            except _Deferred as e:   # an LLM generation set aside to run concurrently
+                if deferred is None:
+                    deferred = e
+        if deferred is not None:
+            raise deferred
+        # phase 2: apply
+        self._apply(results)
+        self._pending.clear()
+        self._track(rt)
+        return self._view()
+
+    def _track(self, rt: Any) -> None:
+        pass
+
+    def _apply(self, results: dict) -> None:
+        for key, r in results.items():
+            if r is _ABSENT:
+                self._del(key)
+                self._dropped(key)
+            else:
+                self._put(key, r)
+
+    def _dropped(self, key: Any) -> None:
+        pass
+
+
+class _MapNode(_OneUp):
+    def __init__(self, up: IncrMap, fn: Any) -> None:
+        _OneUp.__init__(self, up, f"{up.label}.map({_fn_label(fn)})")
+        self._fn = _PerKeyFn(self, fn)
+
+    def _extra(self, rt: Any) -> None:
+        self._pending.update(self._fn.check(rt, self._up._data))
+
+    def _compute(self, key: Any, value: Any) -> Any:
+        return self._fn(self._rt, key, (key, value))
+
+    def _track(self, rt: Any) -> None:
+        # what the instances run in this pass read is a dependency of the map from now on
+        for dep in self._fn.ext_seen:
+            rt._read(dep)
+
+    def _dropped(self, key: Any) -> None:
+        self._fn.drop(key)
+
+
+class _FilterNode(_MapNode):
+    def __init__(self, up: IncrMap, pred: Any) -> None:
+        _OneUp.__init__(self, up, f"{up.label}.filter({_fn_label(pred)})")
+        self._fn = _PerKeyFn(self, pred)
+
+    def _compute(self, key: Any, value: Any) -> Any:
+        return value if self._fn(self._rt, key, (key, value)) else _ABSENT
+
+
+class _MapKeysNode(_MapNode):
+    def __init__(self, up: IncrMap, fn: Any) -> None:
+        _OneUp.__init__(self, up, f"{up.label}.map_keys({_fn_label(fn)})")
+        self._fn = _PerKeyFn(self, fn)
+        self._dst: dict = {}     # upstream key -> key here
+        self._src: dict = {}     # key here -> upstream key
+
+    def _compute(self, key: Any, value: Any) -> Any:
+        nk = self._fn(self._rt, key, (key,))
+        _key_kind(nk, self.label)
+        return (nk, value)
+
+    def _apply(self, results: dict) -> None:
+        # moves and removals first, so that keys can trade places within one change
+        for key in results:
+            old = self._dst.pop(key, _ABSENT)
+            if old is not _ABSENT:
+                del self._src[old]
+                r = results[key]
+                if r is _ABSENT or r[0] != old or type(r[0]) is not type(old):
+                    self._del(old)
+        clash = None
+        for key, r in results.items():
+            if r is _ABSENT:
+                self._fn.drop(key)
+                continue
+            nk, v = r
+            other = self._src.get(nk, _ABSENT)
+            if other is not _ABSENT:
+                clash = clash or (nk, other, key)
+                continue
+            self._src[nk] = key
+            self._dst[key] = nk
+            self._put(nk, v)
+        if clash is not None:
+            nk, a, b = clash
+            self._pending.clear()
+            self._pending.add(b)   # tried again at the next run
+            raise ValueError(f"{self.label}: keys {a!r} and {b!r} both map to {nk!r}")
+
+
+class _JoinNode(IncrMap):
+    def __init__(self, left: IncrMap, right: IncrMap, how: str) -> None:
+        if how not in ("inner", "left", "outer"):
+            raise ValueError(f"join: how must be 'inner', 'left' or 'outer', got {how!r}")
+        if not isinstance(right, IncrMap) or right._rt is not left._rt:
+            raise TypeError("join: the other map must be an incremental map of the same runtime")
+        label = f"{left.label}.join({right.label}" + (")" if how == "inner" else f", {how!r})")
+        IncrMap.__init__(self, left._rt, label)
+        self._l, self._r, self._how = left, right, how
+        self._seen_l = self._seen_r = -1
+
+    def _drive(self) -> MapView:
+        self._ran_from = self._version
+        self._pull(self._l, "_seen_l", self._data)
+        self._pull(self._r, "_seen_r", self._data)
+        ld, rd, how = self._l._data, self._r._data, self._how
+        for key in self._pending:
+            a = ld.get(key, _ABSENT)
+            b = rd.get(key, _ABSENT)
+            if a is not _ABSENT and b is not _ABSENT:
+                self._put(key, (a, b))
+            elif how == "left" and a is not _ABSENT:
+                self._put(key, (a, None))
+            elif how == "outer" and (a is not _ABSENT or b is not _ABSENT):
+                self._put(key, (None if a is _ABSENT else a, None if b is _ABSENT else b))
+            else:
+                self._del(key)
+        self._pending.clear()
+        return self._view()
+
+
+class _GroupByNode(_MapNode):
+    def __init__(self, up: IncrMap, fn: Any) -> None:
+        _OneUp.__init__(self, up, f"{up.label}.group_by({_fn_label(fn)})")
+        self._fn = _PerKeyFn(self, fn)
+        self._group_of: dict = {}
+        self._members: dict = {}
+
+    def _compute(self, key: Any, value: Any) -> Any:
+        g = self._fn(self._rt, key, (key, value))
+        _key_kind(g, self.label)
+        return (g, value)
+
+    def _apply(self, results: dict) -> None:
+        touched = set()
+        for key, r in results.items():
+            old = self._group_of.pop(key, _ABSENT)
+            if old is not _ABSENT:
+                self._members[old].pop(key, None)
+                touched.add(old)
+            if r is _ABSENT:
+                self._fn.drop(key)
+                continue
+            g, v = r
+            self._group_of[key] = g
+            self._members.setdefault(g, {})[key] = v
+            touched.add(g)
+        for g in touched:
+            mem = self._members.get(g)
+            if not mem:
+                self._members.pop(g, None)
+                self._del(g)
+            else:
+                self._put(g, {k: mem[k] for k in sorted(mem)})
+
+
+class Fold(_Node):
+    """A value folded from a map, kept up to date one changed key at a time: a cell with no
+    arguments (``total()``, ``rt.observe(total)``, ``rt.explain(total)``)."""
+
+    def __init__(self, up: IncrMap, kind: str, label: str, *, identity: Any = None,
+                 op: Any = None, k: int = 0, keyfn: Any = None, add: Any = None,
+                 remove: Any = None) -> None:
+        _Node.__init__(self, up._rt, label)
+        self._up = up
+        self._seen = -1
+        self._kindname = kind
+        self._keyfn = keyfn
+        self._add, self._remove = add, remove
+        self._acc = identity
+        self._vals: dict = {}
+        self._tree = None
+        if kind in ("sum", "min", "max", "top_k", "reduce"):
+            self._tree = FoldTree(kind, op=op, identity=identity, k=k)
+
+    def _own_keys(self) -> list:
+        if self._tree is not None:
+            return [k for k, _ in self._tree.items()]
+        return list(self._vals)
+
+    def _drive(self) -> Any:
+        up = self._up
+        if self._kindname == "count":
+            up._demand()
+            return len(up._data)
+        self._pull(up, "_seen", self._own_keys)
+        data = up._data
+        keys = list(self._pending)
+        # a fresh set (popping a drained large set scans its whole table)
+        self._pending = set()
+        tree = self._tree
+        i = 0
+        try:
+            if tree is not None:
+                keyfn = self._keyfn if self._kindname == "top_k" else None
+                for i, key in enumerate(keys):
+                    v = data.get(key, _ABSENT)
+                    if v is _ABSENT:
+                        tree.delete(key)
+                    elif keyfn is not None:
+                        tree.set(key, v, keyfn(v))
+                    else:
+                        tree.set(key, v)
+                return tree.value
+            # fold(add, remove, init): one key at a time, committed as it goes
+            vals = self._vals
+            for i, key in enumerate(keys):
+                acc = self._acc
+                old = vals.get(key, _ABSENT)
+                new = data.get(key, _ABSENT)
+                if old is not _ABSENT:
+                    acc = self._remove(acc, key, old)
+                if new is not _ABSENT:
+                    acc = self._add(acc, key, new)
+                    vals[key] = new
+                else:
+                    vals.pop(key, None)
+                self._acc = acc
+            return self._acc
+        except BaseException:
+            self._pending.update(keys[i:])    # the rest waits for the next run
+            raise
+
+
+def input_map(rt: Any, name: str, mapping: Any = None) -> InputMap:
+    """Declare the keyed input ``name`` on ``rt`` with its first entries.
+
+    Keys are None, bool, int, float, str, bytes or tuples of them, one kind per map (they are
+    kept in order). Raises ValueError if an input of that name exists.
+    """
+    return InputMap(rt, name, mapping)

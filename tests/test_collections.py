@@ -1,0 +1,258 @@
+"""Incremental collections: what recomputes after one key changes, and the operators' values."""
+
+from __future__ import annotations
+
+import heapq
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import incr
+from incr._collections import FoldTree
+
+
+def test_map_runs_only_the_changed_key_and_the_fold_follows():
+    rt = incr.Runtime()
+    docs = incr.input_map(rt, "docs", {f"d{i}": "x" * i for i in range(50)})
+    ran = []
+
+    @incr.cell
+    def summarize(key, text):
+        ran.append(key)
+        return len(text)
+
+    summaries = docs.map(summarize)
+    total = summaries.sum()
+    obs = rt.observe(total)
+    rt.stabilize()
+    assert obs.value == sum(range(50))
+    assert sorted(ran) == sorted(f"d{i}" for i in range(50))
+    ran.clear()
+
+    docs.set("d7", "y" * 100)
+    report = rt.stabilize()
+    assert ran == ["d7"]                               # one map instance, no other
+    assert obs.value == sum(range(50)) - 7 + 100
+    assert [r for r in report.recomputed if r.startswith("summarize")] == \
+        ["summarize('d7', '" + "y" * 100 + "')"]
+    assert summaries.last_changes == ["d7"]
+    assert "docs.map(summarize)() changed" in rt.explain(total)
+    rt._check()
+
+    ran.clear()
+    docs.delete("d3")                                   # withdrawn: no instance runs
+    rt.stabilize()
+    assert ran == []
+    assert "d3" not in summaries
+    assert obs.value == sum(range(50)) - 7 + 100 - 3
+
+    ran.clear()
+    docs.update({"d1": "zz", "new": "abc"}, delete=["d2"])   # one revision
+    rev = rt.revision
+    rt.stabilize()
+    assert sorted(ran) == ["d1", "new"]
+    assert rt.revision == rev
+    assert obs.value == sum(range(50)) - 7 + 100 - 3 - 1 + 2 + 3 - 2
+
+
+def test_same_value_changes_nothing_and_cutoff_stops_at_the_fold():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {"a": 1, "b": 2})
+    seen = []
+
+    @incr.cell
+    def report():
+        seen.append(1)
+        return m.map(lambda k, v: v % 2).sum()()
+
+    parity = m.map(lambda k, v: v % 2)
+    s = parity.sum()
+
+    @incr.cell
+    def downstream():
+        seen.append(s())
+        return s()
+
+    rt.observe(downstream)
+    rt.stabilize()
+    rev = rt.revision
+    m.set("a", 1)                       # the same value: no revision
+    assert rt.revision == rev
+    m.set("a", 3)                       # parity unchanged: map output unchanged, cut off
+    seen.clear()
+    r = rt.stabilize()
+    assert seen == []
+    assert "downstream()" not in r.recomputed
+
+
+def test_llm_node_per_document():
+    rt = incr.Runtime()
+    calls = []
+
+    @incr.llm(version="1")
+    def summary(key, text, *, previous=None, feedback=()):
+        calls.append(key)
+        return text.upper()
+
+    docs = incr.input_map(rt, "docs", {"a": "one", "b": "two"})
+    sums = docs.map(summary)
+    index = sums.reduce(lambda a, b: a + "|" + b, "")
+    o = rt.observe(index)
+    rt.stabilize()
+    assert o.value == "ONE|TWO"
+    calls.clear()
+    docs.set("b", "three")
+    rt.stabilize()
+    assert calls == ["b"] and o.value == "ONE|THREE"
+
+
+def test_instance_reads_other_inputs_per_key():
+    rt = incr.Runtime()
+    scale = rt.input("scale", 1)
+    other = rt.input("other", 10)
+    m = incr.input_map(rt, "m", {i: i for i in range(20)})
+    ran = []
+
+    @incr.cell
+    def f(k, v):
+        ran.append(k)
+        return v * (scale.get() if k < 5 else 1)
+
+    total = m.map(f).sum()
+    o = rt.observe(total)
+    rt.stabilize()
+    ran.clear()
+    scale.set(2)
+    rt.stabilize()
+    assert sorted(ran) == [0, 1, 2, 3, 4]          # only the instances that read scale
+    assert o.value == sum(range(20)) + sum(range(5))
+    ran.clear()
+    other.set(11)
+    rt.stabilize()
+    assert ran == []
+
+
+def test_plain_function_reading_an_input_reruns_every_key():
+    rt = incr.Runtime()
+    scale = rt.input("scale", 1)
+    m = incr.input_map(rt, "m", {i: i for i in range(5)})
+    total = m.map(lambda k, v: v * scale.get()).sum()
+    o = rt.observe(total)
+    rt.stabilize()
+    scale.set(3)
+    rt.stabilize()
+    assert o.value == 3 * sum(range(5))
+
+
+def test_input_map_per_key_read_inside_a_cell():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {"a": 1, "b": 2})
+    ran = []
+
+    @incr.cell
+    def read_a():
+        ran.append(1)
+        return m["a"] + 1
+
+    with rt:
+        assert read_a() == 2
+        m.set("b", 5)
+        assert read_a() == 2 and ran == [1]       # b changed: a's reader did not run
+        m.set("a", 7)
+        assert read_a() == 8 and ran == [1, 1]
+        m.delete("a")
+        with pytest.raises(KeyError):
+            read_a()
+
+
+def test_errors():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {"a": 1})
+    with pytest.raises(ValueError):
+        incr.input_map(rt, "m")
+    with pytest.raises(TypeError):
+        m.set(object(), 1)
+    with pytest.raises(TypeError):
+        m.set(3, 1)                      # one kind of key per map
+    with pytest.raises(KeyError):
+        m.delete("zz")
+
+    @incr.cell
+    def bad():
+        m.set("b", 2)
+
+    with rt, pytest.raises(incr.ReentrancyError):
+        bad()
+    assert "b" not in m
+    clash = m.map_keys(lambda k: "same")
+    m.set("c", 3)
+    with pytest.raises(ValueError, match="both map to"):
+        clash()
+
+
+@pytest.mark.parametrize("kind", ["sum", "min", "max", "top_k", "reduce"])
+def test_fold_tree_random(kind):
+    rnd = random.Random(kind)
+    op = (lambda a, b: a + b) if kind == "reduce" else None
+    t = FoldTree(kind, op=op, identity="" if kind == "reduce" else None, k=3)
+    d = {}
+    for _ in range(2000):
+        k = rnd.randrange(300)
+        if rnd.random() < 0.3:
+            assert t.delete(k) == (k in d)
+            d.pop(k, None)
+        else:
+            v = rnd.randrange(40)
+            v = str(v) if kind == "reduce" else v
+            t.set(k, v)
+            d[k] = v
+    t._check()
+    items = sorted(d.items())
+    want = {
+        "sum": lambda: sum(v for _, v in items),
+        "min": lambda: min(d.values(), default=None),
+        "max": lambda: max(d.values(), default=None),
+        "top_k": lambda: tuple(heapq.nlargest(3, items, key=lambda kv: kv[1])),
+        "reduce": lambda: "".join(v for _, v in items),
+    }[kind]()
+    assert t.value == want
+    assert t.items() == items
+    assert t.depth() < 40
+
+
+def test_persistence_of_map_instances(tmp_path):
+    # an LLM-like cell per key is stored; a new process rebuilds the collection and takes
+    # every instance from the store (the function runs for no key)
+    prog = textwrap.dedent(f"""
+        import sys, incr
+        rt = incr.Runtime(store={str(tmp_path / "store")!r})
+        ran = []
+        @incr.cell(version="1")
+        def summarize(key, text):
+            ran.append(key)
+            return text.upper()
+        docs = incr.input_map(rt, "docs", {{"a": "x", "b": "y", "c": sys.argv[1]}})
+        total = docs.map(summarize).reduce(lambda a, b: a + b, "")
+        print(total(), sorted(ran))
+        rt.close()
+    """)
+    def run(arg):
+        out = subprocess.run([sys.executable, "-c", prog, arg], capture_output=True, text=True,
+                             check=True)
+        return out.stdout.strip()
+    assert run("z") == "XYZ ['a', 'b', 'c']"
+    assert run("z") == "XYZ []"
+    assert run("w") == "XYW ['c']"
+
+
+def test_docs_collections_examples_run():
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / "docs" / "collections.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, "docs/collections.md", "exec"), {})  # noqa: S102 - our docs
