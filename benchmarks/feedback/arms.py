@@ -81,7 +81,9 @@ class Ctx:
         self.model = SimModel(cfg, seed, strong=(arm == "strong"))
         h = cfg["harness"]
         self.unit, self.unit_tokens = unit_cost(task, cfg)
-        mult = cap_multiple if cap_multiple is not None else h["run_cap_multiple"]
+        mult = cap_multiple
+        if mult is None:   # the stronger model gets the same number of rounds' worth of tokens
+            mult = h["run_cap_multiple"] * (cfg["strong"]["price_factor"] if arm == "strong" else 1)
         self.cap = mult * self.unit
         self.sleep_scale = sleep_scale
         self.env = 1
