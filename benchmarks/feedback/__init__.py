@@ -1,15 +1,13 @@
-"""Does local feedback pay? The evaluation harness from the design notes (MODEL.md §4).
+"""Does local feedback pay? The evaluation harness (issue 16). SIMULATED model only.
 
-    python -m benchmarks.feedback            # full run: 200 seeds, 4 scenarios, 5 arms, a sweep
-    python -m benchmarks.feedback --quick    # 20 seeds, no sweep: seconds
-    python -m benchmarks.feedback --model openai:NAME --base-url URL   # a real endpoint
+    python -m benchmarks.feedback --sweep   # the full run on docs/evaluation.md
+    python -m benchmarks.feedback --quick   # 4 seeds: seconds
 
-Ten tasks with executable oracles (text-to-SQL on SQLite, multi-tenant cache-key repair,
-input-validation regexes; controls whose first answers are correct), five arms at the same
-budget of model calls, tokens and (simulated) seconds, four scenarios (clean, flaky
-validators, late and out-of-order verdicts, an upstream change between attempts). The default
-generator is a seeded simulation of a model with stated parameters, labelled as such in every
-output. Prints tables, writes benchmarks/feedback/results.json (results-quick.json with
---quick) and docs/evaluation.svg. Never asserts anything about the figures. Method, bias and
-results: docs/evaluation.md.
+24 abstract tasks of 3-5 LLM nodes in 4 families (chain, codegen, upstream, diamond) with
+visible, protective and hidden checks and controls; imprecise blame; eight arms (single,
+resample, whole, cache, recheck, incr, incr_par, strong) compared on success-vs-spend curves
+(cost, calls, tokens) with bootstrap intervals over seeds. The simulated model sees only the
+prompt, its previous candidate, feedback from visible checks and a per-task latent skill;
+every rate is pre-registered in config.toml. Never asserts a figure. Method, bias and results:
+docs/evaluation.md.
 """

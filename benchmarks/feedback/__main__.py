@@ -1,246 +1,379 @@
-"""``python -m benchmarks.feedback``: run the arms, print the tables, write JSON and the plot."""
+"""``python -m benchmarks.feedback``: run the arms, print the tables, write JSON and the plot.
+
+Every figure is from a SIMULATED model (benchmarks/feedback/sim.py) with the pre-registered
+parameters of benchmarks/feedback/config.toml. Nothing here asserts a figure.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
+import subprocess
 import sys
 import time
+import tomllib
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from benchmarks.feedback import arms as A
-from benchmarks.feedback.model import LABEL, SimModel, SimParams
+from benchmarks.feedback.sim import LABEL
 from benchmarks.feedback.tasks import tasks
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-
-METRICS = ("success", "calls", "tokens", "latency_s", "checks_run", "wrong_stable",
-           "broken_first", "control_broken", "rounds", "rollbacks", "escalated",
-           "stale_verdicts")
-SWEEP = [(pf, pb) for pf in (0.2, 0.5, 0.8) for pb in (0.05, 0.3)]
+CONFIG = HERE / "config.toml"
+UNITS = ("cost", "calls", "tokens")
 
 
-def run_grid(model_for, seeds, scenarios, arm_names, flip, task_list=None):
+def load_config(path=CONFIG, overrides=()):
+    raw = Path(path).read_bytes()
+    cfg = tomllib.loads(raw.decode())
+    for item in overrides:
+        key, _, val = item.partition("=")
+        sec, _, name = key.partition(".")
+        if sec not in cfg or name not in cfg[sec]:
+            raise SystemExit(f"--set {item}: no such parameter")
+        cfg[sec][name] = type(cfg[sec][name])(json.loads(val))
+    return cfg, hashlib.sha256(raw).hexdigest()
+
+
+def git_commit():
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                "benchmarks/feedback"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_grid(cfg, seeds, arm_names, task_list=None):
     task_list = task_list or tasks()
-    rows = []
-    for sc in scenarios:
-        for arm in arm_names:
-            for s in seeds:
-                model = model_for(s)
-                for t in task_list:
-                    rows.append(A.run(arm, t, sc, model, s, flip))
-    return rows
+    return [A.run(arm, t, cfg, s) for arm in arm_names for s in seeds for t in task_list]
 
 
-def bootstrap(rows, metric, reps, rng_seed=0):
-    """Mean per task, with a 95% bootstrap interval over seeds (the unit of resampling)."""
-    by_seed: dict = {}
+# --- equal-spend accounting ---------------------------------------------------------------
+
+
+def unit_of(row, unit):
+    return {"cost": row["unit"], "calls": row["nodes"], "tokens": row["unit_tokens"]}[unit]
+
+
+def truncate(row, unit, cap_multiple):
+    """(completed, spend in units) of this run had its meter refused any call once the spend
+    reached cap_multiple units: the same loop stopped earlier (tests check it against a real
+    capped run). A run the harness itself cut off (``capped``) that would need more than it
+    got is not completed."""
+    cap = cap_multiple * unit_of(row, unit)
+    spent = 0.0
+    for cost, tokens in row["log"]:
+        if spent >= cap - 1e-9:
+            return False, spent / unit_of(row, unit)
+        spent += {"cost": cost, "calls": 1, "tokens": tokens}[unit]
+    return not row["capped"], spent / unit_of(row, unit)
+
+
+def at_cap(row, unit, m):
+    done, spend = truncate(row, unit, m)
+    return {"success": done and row["success"], "wrong": done and row["wrong_accepted"],
+            "spend": spend}
+
+
+def per_seed_curves(rows, unit, caps):
+    """arm -> seed -> [(sum success, sum wrong, sum spend, n) per cap]."""
+    out: dict = defaultdict(dict)
     for r in rows:
-        v = r[metric]
-        a = by_seed.setdefault(r["seed"], [0.0, 0])
-        a[0] += float(v)
-        a[1] += 1
-    seeds = sorted(by_seed)
-    tot = sum(by_seed[s][0] for s in seeds)
-    n = sum(by_seed[s][1] for s in seeds)
-    mean = tot / n if n else float("nan")
+        cur = out[r["arm"]].setdefault(r["seed"], [[0, 0, 0.0, 0] for _ in caps])
+        for i, m in enumerate(caps):
+            a = at_cap(r, unit, m)
+            c = cur[i]
+            c[0] += a["success"]
+            c[1] += a["wrong"]
+            c[2] += a["spend"]
+            c[3] += 1
+    return out
+
+
+def curve(per_seed, seeds):
+    n = len(per_seed[seeds[0]])
+    pts = []
+    for i in range(n):
+        tot = [0.0, 0.0, 0.0, 0]
+        for s in seeds:
+            for j in range(4):
+                tot[j] += per_seed[s][i][j]
+        pts.append((tot[2] / tot[3], tot[0] / tot[3], tot[1] / tot[3]))
+    return pts      # (mean spend, success, wrong accepted) per cap
+
+
+def interpolate(pts, x):
+    """Success at mean spend x on a curve of (spend, success) points; None below its first
+    point; beyond its last point the arm spends no more: its last success."""
+    if x < pts[0][0] - 1e-9:
+        return None
+    best = None
+    for (x0, y0, _w0), (x1, y1, _w1) in zip(pts, pts[1:]):
+        if x0 - 1e-9 <= x <= x1 + 1e-9:
+            y = y1 if x1 - x0 < 1e-9 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+            best = y if best is None else max(best, y)
+    return best if best is not None else pts[-1][1] if x >= pts[-1][0] else pts[0][1]
+
+
+def q(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(p * len(xs))))]
+
+
+def equal_spend(rows, unit, caps, points, reps, ref="incr", rng_seed=0):
+    ps = per_seed_curves(rows, unit, caps)
+    arms = list(ps)
+    seeds = sorted(next(iter(ps.values())))
+    est = {a: curve(ps[a], seeds) for a in arms}
     rng = random.Random(rng_seed)
-    means = []
+    boot = {a: {x: [] for x in points} for a in arms}
+    dif = {a: {x: [] for x in points} for a in arms}
+    curves_b = {a: [] for a in arms}
     for _ in range(reps if len(seeds) > 1 else 0):
-        pick = [by_seed[rng.choice(seeds)] for _ in seeds]
-        means.append(sum(p[0] for p in pick) / max(1, sum(p[1] for p in pick)))
-    means.sort()
-    lo = means[int(0.025 * len(means))] if means else mean
-    hi = means[int(0.975 * len(means)) - 1] if means else mean
-    return {"mean": mean, "lo": lo, "hi": hi}
+        pick = [rng.choice(seeds) for _ in seeds]
+        cs = {a: curve(ps[a], pick) for a in arms}
+        for a in arms:
+            curves_b[a].append(cs[a])
+            for x in points:
+                y = interpolate(cs[a], x)
+                if y is not None:
+                    boot[a][x].append(y)
+                if ref in cs:
+                    yr = interpolate(cs[ref], x)
+                    if y is not None and yr is not None:
+                        dif[a][x].append(yr - y)
+
+    def ci(xs):
+        return [q(xs, 0.025), q(xs, 0.975)] if xs else None
+
+    out = {"unit": unit, "caps": caps, "points": points, "arms": {}}
+    for a in arms:
+        band = []
+        for i in range(len(caps)):
+            ys = [c[i][1] for c in curves_b[a]]
+            band.append(ci(ys))
+        out["arms"][a] = {
+            "curve": [{"cap": m, "spend": p[0], "success": p[1], "wrong_accepted": p[2],
+                       "success_ci": band[i]} for i, (m, p) in enumerate(zip(caps, est[a]))],
+            "at": {str(x): {"success": interpolate(est[a], x), "ci": ci(boot[a][x]),
+                            f"{ref}_minus_arm": (interpolate(est[ref], x) - interpolate(est[a], x)
+                                                 if ref in est and interpolate(est[a], x) is not None
+                                                 and interpolate(est[ref], x) is not None else None),
+                            "diff_ci": ci(dif[a][x])} for x in points},
+        }
+    return out
 
 
-def summarize(rows, scenarios, arm_names, reps):
+# --- run-level metrics ----------------------------------------------------------------------
+
+RUN_METRICS = ("success", "wrong_accepted", "escalated", "calls", "tokens", "cost", "latency_s",
+               "checks_run", "rounds", "climbs", "kept", "broken_first", "protective_broken",
+               "cache_hits")
+
+
+def boot_mean(rows, metric, reps, rng_seed=0):
+    by: dict = defaultdict(lambda: [0.0, 0])
+    for r in rows:
+        v = r[metric] / r["unit"] if metric == "cost" else r[metric]
+        by[r["seed"]][0] += float(v)
+        by[r["seed"]][1] += 1
+    seeds = sorted(by)
+    mean = sum(by[s][0] for s in seeds) / sum(by[s][1] for s in seeds)
+    rng = random.Random(rng_seed)
+    ms = []
+    for _ in range(reps if len(seeds) > 1 else 0):
+        pick = [by[rng.choice(seeds)] for _ in seeds]
+        ms.append(sum(p[0] for p in pick) / sum(p[1] for p in pick))
+    return {"mean": mean, "lo": q(ms, 0.025) if ms else mean, "hi": q(ms, 0.975) if ms else mean}
+
+
+def summarize_runs(rows, arm_names, reps):
     out = {}
-    for sc in scenarios:
-        for arm in arm_names:
-            rs = [r for r in rows if r["scenario"] == sc and r["arm"] == arm]
-            if not rs:
-                continue
-            m = {k: bootstrap(rs, k, reps) for k in METRICS}
-            ctrl = [r for r in rs if r["control"]]
-            m["controls"] = len(ctrl)
-            m["controls_broken"] = sum(r["control_broken"] for r in ctrl)
-            m["wrong_stable_count"] = sum(r["wrong_stable"] for r in rs)
-            m["tasks"] = len(rs)
-            reasons: dict = {}
-            for r in rs:
-                if r["escalation"]:
-                    reasons[r["escalation"]] = reasons.get(r["escalation"], 0) + 1
-            m["escalations"] = reasons
-            m["calls_per_success"] = (m["calls"]["mean"] / m["success"]["mean"]
-                                      if m["success"]["mean"] else None)
-            m["per_round"] = per_round(rs)
-            out[f"{sc}/{arm}"] = m
-    return out
-
-
-def per_round(rs):
-    """Share of tasks whose nodes all hold hidden-correct candidates after round r, and the
-    marginal fixes, breaks and net gain of each round (per 100 tasks)."""
-    n = len(rs)
-    out = []
-    prev = [False] * n
-    for r in range(A.MAX_TICKS):
-        cur = [x["per_round"][r] for x in rs]
-        used = sum(1 for x in rs if x["rounds"] > r)
-        fixed = sum(1 for a, b in zip(prev, cur) if not a and b)
-        broke = sum(1 for a, b in zip(prev, cur) if a and not b)
-        out.append({"round": r + 1, "correct": sum(cur) / n, "tasks_generating": used,
-                    "fixed_per_100": 100 * fixed / n, "broken_per_100": 100 * broke / n,
-                    "net_per_100": 100 * (fixed - broke) / n})
-        prev = cur
-        if used == 0:
-            break
-    return out
-
-
-def fmt(m, k, scale=1.0, digits=2):
-    x = m[k]
-    return f"{x['mean'] * scale:.{digits}f} [{x['lo'] * scale:.{digits}f},{x['hi'] * scale:.{digits}f}]"
-
-
-def print_main(summary, scenarios, arm_names, label, out=sys.stdout):
-    w = out.write
-    w(f"\nmodel: {label}\n")
-    w("mean per task, 95% bootstrap interval over seeds; success = returned as accepted AND "
-      "passes the hidden checks\n")
-    head = (f"{'scenario':<9} {'arm':<9} {'success':<18} {'model calls':<18} {'tokens':<16} "
-            f"{'latency s':<10} {'checks':<7} {'wrong stable':<18} {'broken 1st':<10} "
-            f"{'ctrl lost':<11} {'rounds':<6} {'rollbk':<6} {'escalated':<9} {'calls/success':<13}\n")
-    w(head)
-    w("-" * (len(head) - 1) + "\n")
-    for sc in scenarios:
-        for arm in arm_names:
-            m = summary.get(f"{sc}/{arm}")
-            if m is None:
-                continue
-            cps = f"{m['calls_per_success']:.2f}" if m["calls_per_success"] else "-"
-            w(f"{sc:<9} {arm:<9} {fmt(m, 'success'):<18} {fmt(m, 'calls'):<18} "
-              f"{m['tokens']['mean']:<16.0f} {m['latency_s']['mean']:<10.2f} "
-              f"{m['checks_run']['mean']:<7.1f} {fmt(m, 'wrong_stable'):<18} "
-              f"{m['broken_first']['mean']:<10.3f} "
-              f"{str(m['controls_broken']) + '/' + str(m['controls']):<11} "
-              f"{m['rounds']['mean']:<6.2f} {m['rollbacks']['mean']:<6.2f} "
-              f"{m['escalated']['mean']:<9.2f} {cps:<13}\n")
-        w("\n")
-
-
-def print_rounds(summary, sc, arm_names, out=sys.stdout):
-    w = out.write
-    w(f"per round ({sc}): share of tasks all-correct on hidden checks after round r; "
-      f"net = fixed - broken per 100 tasks\n")
-    w(f"{'arm':<9} " + " ".join(f"{'r' + str(r):>14}" for r in range(1, 6)) + "\n")
+    fams = sorted({r["family"] for r in rows})
     for arm in arm_names:
-        m = summary.get(f"{sc}/{arm}")
-        if m is None:
+        rs = [r for r in rows if r["arm"] == arm]
+        if not rs:
             continue
-        cells = []
-        for p in m["per_round"][:5]:
-            cells.append(f"{p['correct']:.3f}" + (f" {p['net_per_100']:+5.1f}" if p["round"] > 1 else " " * 6))
-        w(f"{arm:<9} " + " ".join(f"{c:>14}" for c in cells) + "\n")
-    w("\n")
+        m = {k: boot_mean(rs, k, reps) for k in RUN_METRICS}
+        m["families"] = {f: boot_mean([r for r in rs if r["family"] == f], "success", reps)
+                         for f in fams}
+        ctrl = [r for r in rs if r["control"]]
+        m["controls"] = len(ctrl)
+        m["controls_lost"] = sum(not r["success"] for r in ctrl)
+        m["controls_lost_no_change"] = sum(not r["success"] for r in ctrl
+                                           if r["family"] != "upstream")
+        m["reasons"] = dict(Counter(r["reason"] for r in rs if r["reason"]))
+        m["runs"] = len(rs)
+        m["harness_capped"] = sum(r["capped"] for r in rs)
+        out[arm] = m
+    return out
+
+
+def walltime(cfg, arm_names, seeds):
+    """Real threads, real sleeps: seconds per task, measured."""
+    scale = cfg["harness"]["walltime_scale"]
+    out = {}
+    for arm in arm_names:
+        t0 = time.perf_counter()
+        rs = [A.run(arm, t, cfg, s, sleep_scale=scale) for s in seeds for t in tasks()]
+        wall = time.perf_counter() - t0
+        out[arm] = {"wall_s_per_task": wall / len(rs),
+                    "simulated_serial_latency_s_per_task":
+                        sum(r["latency_s"] for r in rs) / len(rs) * scale,
+                    "success": sum(r["success"] for r in rs) / len(rs), "runs": len(rs)}
+    return out
+
+
+# --- printing ------------------------------------------------------------------------------
+
+
+def f3(x):
+    return "  -  " if x is None else f"{x:.2f}"
+
+
+def fci(d):
+    return f"{d['mean']:.2f} [{d['lo']:.2f},{d['hi']:.2f}]"
+
+
+def print_all(res, w=None):
+    w = w or sys.stdout.write
+    w(f"\n{res['model']}\nconfig {res['config_sha256'][:12]} at commit {res['git_commit']}; "
+      f"seeds {res['seeds'][0]}-{res['seeds'][1]}; {len(res['tasks'])} tasks\n\n")
+    eq = res["equal_spend"]["cost"]
+    w("success vs spend (cost, in units of one base-model first call per node; mean per task, "
+      "success = accepted AND passes hidden checks)\n")
+    caps = eq["caps"]
+    w(f"{'arm':<9} " + " ".join(f"{'cap ' + str(m):>15}" for m in caps) + "\n")
+    for arm, d in eq["arms"].items():
+        w(f"{arm:<9} " + " ".join(f"{p['success']:.2f} @{p['spend']:5.2f}  " for p in d["curve"])
+          + "\n")
+    for unit in UNITS:
+        e = res["equal_spend"][unit]
+        w(f"\nat equal mean spend ({unit}; 95% bootstrap CI over seeds; incr - arm, paired)\n")
+        w(f"{'arm':<9} " + " ".join(f"{'spend ' + str(x):>34}" for x in e["points"]) + "\n")
+        for arm, d in e["arms"].items():
+            cells = []
+            for x in e["points"]:
+                a = d["at"][str(x)]
+                if a["success"] is None:
+                    cells.append(f"{'(cannot spend this little)':>34}")
+                    continue
+                ci = a["ci"] or [a["success"]] * 2
+                dd = a["incr_minus_arm"]
+                dc = a["diff_ci"]
+                cells.append(f"{a['success']:.2f} [{ci[0]:.2f},{ci[1]:.2f}] "
+                             + (f"d {dd:+.2f} [{dc[0]:+.2f},{dc[1]:+.2f}]" if dd is not None and dc
+                                else " " * 20))
+            w(f"{arm:<9} " + " ".join(f"{c:>34}" for c in cells) + "\n")
+    runs = res["runs"]
+    w(f"\nrun-level, uncapped except by the harness (mean per task [95% CI]); cost in units\n")
+    w(f"{'arm':<9} {'success':<17} {'wrong accepted':<17} {'escalated':<9} {'calls':<6} "
+      f"{'cost':<6} {'checks':<6} {'rounds':<6} {'climbs':<6} {'kept':<5} {'broken1st':<9} "
+      f"{'protect':<7} {'ctrl lost':<10} reasons\n")
+    for arm, m in runs.items():
+        w(f"{arm:<9} {fci(m['success']):<17} {fci(m['wrong_accepted']):<17} "
+          f"{m['escalated']['mean']:<9.2f} {m['calls']['mean']:<6.1f} {m['cost']['mean']:<6.2f} "
+          f"{m['checks_run']['mean']:<6.1f} {m['rounds']['mean']:<6.2f} "
+          f"{m['climbs']['mean']:<6.2f} {m['kept']['mean']:<5.2f} "
+          f"{m['broken_first']['mean']:<9.3f} {m['protective_broken']['mean']:<7.3f} "
+          f"{str(m['controls_lost']) + '/' + str(m['controls']):<10} {m['reasons']}\n")
+    fams = list(next(iter(runs.values()))["families"])
+    w("\nsuccess per family (uncapped)\n" + f"{'arm':<9} " + " ".join(f"{f:>18}" for f in fams) + "\n")
+    for arm, m in runs.items():
+        w(f"{arm:<9} " + " ".join(f"{fci(m['families'][f]):>18}" for f in fams) + "\n")
+    if res.get("walltime"):
+        w(f"\nmeasured wall time (real threads; sleeps of {res['config']['harness']['walltime_scale']}"
+          f" s per simulated s; {res['walltime_seeds']} seeds)\n")
+        for arm, d in res["walltime"].items():
+            w(f"{arm:<9} wall {d['wall_s_per_task'] * 1000:7.1f} ms/task   serial sum of sleeps "
+              f"{d['simulated_serial_latency_s_per_task'] * 1000:7.1f} ms/task   success "
+              f"{d['success']:.2f}\n")
+    if res.get("sweep"):
+        w("\nEXPLORATORY sensitivity (not pre-registered): uncapped success / mean cost\n")
+        for sw in res["sweep"]:
+            w(f"  {sw['set']}: " + "  ".join(f"{a} {v['success']:.2f}/{v['cost']:.2f}"
+                                            for a, v in sw["arms"].items()) + "\n")
+    w(f"\n{res['model']}\n")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.feedback")
-    ap.add_argument("--quick", action="store_true", help="20 seeds, no sweep")
-    ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default 200)")
+    ap.add_argument("--quick", action="store_true", help="the config's quick_seeds, no "
+                                                         "wall-time run, no sweep")
+    ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--scenarios", default=",".join(A.SCENARIOS))
     ap.add_argument("--arms", default=",".join(A.ARMS))
-    ap.add_argument("--p-first", type=float, default=SimParams.p_first)
-    ap.add_argument("--p-fix", type=float, default=SimParams.p_fix)
-    ap.add_argument("--p-break", type=float, default=SimParams.p_break)
-    ap.add_argument("--p-repeat", type=float, default=SimParams.p_repeat)
-    ap.add_argument("--flip", type=float, default=0.1, help="flaky scenario: flip rate")
-    ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--model", default=None, help="openai:NAME for a real endpoint")
-    ap.add_argument("--base-url", default=None)
-    ap.add_argument("--out", default=None, help="results JSON path")
-    ap.add_argument("--plot", default=None, help="SVG path (default docs/evaluation.svg on a "
-                                                   "full simulated run; none otherwise)")
+    ap.add_argument("--config", default=str(CONFIG))
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a pre-registered parameter (recorded as a deviation)")
+    ap.add_argument("--sweep", action="store_true", help="add the exploratory sensitivity run")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    nseeds = a.seeds if a.seeds is not None else (20 if a.quick else 200)
-    seeds = list(range(a.first_seed, a.first_seed + nseeds))
-    scenarios = [s for s in a.scenarios.split(",") if s]
-    arm_names = [s for s in a.arms.split(",") if s]
-    for s in scenarios:
-        if s not in A.SCENARIOS:
-            ap.error(f"unknown scenario {s!r}; choose from {', '.join(A.SCENARIOS)}")
-    for s in arm_names:
-        if s not in A.ARMS:
-            ap.error(f"unknown arm {s!r}; choose from {', '.join(A.ARMS)}")
-    params = SimParams(a.p_first, a.p_fix, a.p_break, a.p_repeat)
-    real = a.model is not None
-    if real:
-        kind, _, name = a.model.partition(":")
-        if kind != "openai" or not name:
-            ap.error(f"--model must look like openai:MODEL_NAME, got {a.model!r}")
-        from benchmarks.feedback.model import ChatModel
-        chat = ChatModel(name, a.base_url)
-        label = chat.label
-        model_for = lambda s: chat  # noqa: E731 - one client for every seed
-    else:
-        label = f"{LABEL}; parameters {params.as_dict()}"
-        model_for = lambda s: SimModel(params, s)  # noqa: E731
-    reps = 200 if a.quick else 1000
-    rows = run_grid(model_for, seeds, scenarios, arm_names, a.flip)
-    summary = summarize(rows, scenarios, arm_names, reps)
-    print_main(summary, scenarios, arm_names, label)
-    for sc in scenarios:
-        print_rounds(summary, sc, arm_names)
-    sweep = []
-    if not (a.quick or a.no_sweep or real):
-        sseeds = seeds[:100]
-        for pf, pb in SWEEP:
-            p = SimParams(pf, a.p_fix, pb, a.p_repeat)
-            rs = run_grid(lambda s: SimModel(p, s), sseeds, ["clean"], arm_names, a.flip)
-            sm = summarize(rs, ["clean"], arm_names, 200)
-            sweep.append({"params": p.as_dict(), "seeds": len(sseeds),
-                          "arms": {arm: {k: sm[f"clean/{arm}"][k] for k in
-                                         ("success", "calls", "wrong_stable", "broken_first")}
-                                   for arm in arm_names}})
-        print(f"sweep (clean, {len(sseeds)} seeds; {LABEL}): mean success / model calls per task")
-        print(f"{'p_first':<8} {'p_break':<8} " + " ".join(f"{arm:>16}" for arm in arm_names))
-        for sw in sweep:
-            p = sw["params"]
-            print(f"{p['p_first']:<8} {p['p_break']:<8} " + " ".join(
-                f"{sw['arms'][arm]['success']['mean']:>7.3f} / {sw['arms'][arm]['calls']['mean']:<6.2f}"
-                for arm in arm_names))
-        print()
-    import incr
-
-    seconds = time.perf_counter() - t0
-    result = {
-        "model": label, "simulated": not real, "params": params.as_dict() if not real else None,
-        "seeds": [seeds[0], seeds[-1]], "scenarios": scenarios, "arms": arm_names,
-        "flip": a.flip, "tasks": [{"id": t.id, "family": t.family, "control": t.control,
-                                   "nodes": [n.name for n in t.nodes],
-                                   "budget": list(A.budget_for(t).__dict__.values())}
-                                  for t in tasks()],
-        "summary": summary, "sweep": sweep, "incr": incr.__version__,
-        "python": sys.version.split()[0], "seconds": round(seconds, 1),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": "python -m benchmarks.feedback " + " ".join(argv if argv is not None else sys.argv[1:]),
+    cfg, sha = load_config(a.config, a.set)
+    h = cfg["harness"]
+    n = a.seeds if a.seeds is not None else (h["quick_seeds"] if a.quick else h["seeds"])
+    seeds = list(range(a.first_seed, a.first_seed + n))
+    arm_names = [x for x in a.arms.split(",") if x]
+    for x in arm_names:
+        if x not in A.ARMS:
+            ap.error(f"unknown arm {x!r}; choose from {', '.join(A.ARMS)}")
+    reps = 200 if a.quick else h["bootstrap_reps"]
+    rows = run_grid(cfg, seeds, arm_names)
+    caps = h["cap_multiples"]
+    res = {
+        "model": f"{LABEL}: every figure is SIMULATED",
+        "simulated": True, "config": cfg, "config_sha256": sha, "deviations": a.set,
+        "git_commit": git_commit(), "seeds": [seeds[0], seeds[-1]], "arms": arm_names,
+        "tasks": [{"id": t.id, "family": t.family, "control": t.control,
+                   "nodes": len(t.nodes), "visible_checks": len(t.visible),
+                   "hidden_checks": len(t.hidden_names), "coverage": round(t.coverage(), 3)}
+                  for t in tasks()],
+        "equal_spend": {u: equal_spend(rows, u, caps, h["equal_spend_points"], reps)
+                        for u in UNITS},
+        "runs": summarize_runs(rows, arm_names, reps),
     }
+    if not a.quick:
+        ws = list(range(h["walltime_seeds"]))
+        res["walltime_seeds"] = len(ws)
+        res["walltime"] = walltime(cfg, [x for x in ("recheck", "incr", "incr_par")
+                                         if x in arm_names], ws)
+    if a.sweep:
+        res["sweep"] = []
+        sarms = [x for x in ("resample", "whole", "cache", "recheck", "incr") if x in arm_names]
+        for over in (["model.p_fix=0.8"], ["model.p_vague=0.8"],
+                     ["model.p_overfit=0.0"], ["model.p_repeat=0.0"]):
+            c2, _ = load_config(a.config, a.set + over)
+            rs = run_grid(c2, seeds[:30], sarms)
+            res["sweep"].append({"set": over, "seeds": 30, "arms": {
+                x: {"success": sum(r["success"] for r in rs if r["arm"] == x)
+                    / sum(1 for r in rs if r["arm"] == x),
+                    "cost": sum(r["cost"] / r["unit"] for r in rs if r["arm"] == x)
+                    / sum(1 for r in rs if r["arm"] == x)} for x in sarms}})
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["command"] = "python -m benchmarks.feedback " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    import incr
+    res["incr"] = incr.__version__
+    res["python"] = sys.version.split()[0]
+    print_all(res)
     out = Path(a.out) if a.out else HERE / ("results-quick.json" if a.quick else "results.json")
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    plot = a.plot or (None if (a.quick or real) else str(ROOT / "docs" / "evaluation.svg"))
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    plot = a.plot or (None if a.quick else str(ROOT / "docs" / "evaluation.svg"))
     if plot:
         from benchmarks.feedback.plot import svg
-        Path(plot).write_text(svg(summary, scenarios, arm_names, label))
-    print(f"{len(rows)} arm runs in {seconds:.1f} s; results in {out}" +
-          (f"; plot in {plot}" if plot else ""))
-    print(f"model: {label}")
+        Path(plot).write_text(svg(res))
+    print(f"{len(rows)} runs in {res['seconds']} s; results in {out}"
+          + (f"; plot in {plot}" if plot else ""))
     return 0
 
 

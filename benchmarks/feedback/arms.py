@@ -1,56 +1,49 @@
-"""The five arms of the feedback benchmark, on one task at a time (internal).
+"""The arms of the feedback benchmark, one task at a time (internal). SIMULATED model.
 
-Every arm spends through the same ``Ctx``: one meter of model calls, tokens and simulated
-seconds per task, checked before every call (never more calls than the budget; like
-``incr.Budget``, tokens and seconds may overshoot by the last call), the same visible checks
-(with the same injected faults) and the same model. Hidden checks are never run here: ``Ctx``
-refuses them, and scoring happens after the arm has returned (``score``).
+Every arm spends through one ``Ctx`` meter (cost cap checked before every call; the last call
+may overshoot), sees only visible checks and feedback built from them, and is scored after
+it returned (``score``: the only place hidden checks run).
 
-- ``single``: generate every node once, run the visible checks, return if all pass.
-- ``resample``: regenerate the nodes whose visible checks failed, fresh, with no feedback.
-- ``whole``: when any check fails, regenerate every node; a blamed node gets its previous
-  candidate and its counterexamples (the same feedback incr gives), the others their previous
-  candidate and no counterexample.
-- ``cache``: the whole pipeline again through a plain result cache keyed by the prompt (node,
-  request text, the node's own feedback, its previous candidate when there is feedback): an
-  unblamed node with an unchanged prompt is a cache hit.
-- ``incr``: the real thing. One ``incr.Runtime`` per task; each node is an ``@incr.llm`` with
-  an ``@incr.validator`` running its sync checks and ``incr.Budget``; a composing
-  ``@incr.cell`` runs the downstream checks and ``raise incr.Reject(node, ...)``; in the
-  late-verdict scenario the downstream verdicts arrive through ``rt.ack``/``rt.nack`` with the
-  revision they judged, and ``incr.Acceptance(min_cases=...)`` waits for them.
+Blame is imprecise: a failing check's validator blames the true cause with probability
+1 - p_misblame, otherwise another node on the failing case's dependency path. Every arm that
+uses blame applies the same loop policy (``Ctx.blame``): when a case fails again right after
+the node it was blamed on was regenerated, blame climbs one node upstream (cycling back to the
+checked node after the top); a case that passes resets it.
 
-Scenarios: ``clean``; ``flaky`` (each visible check execution is flipped, ACK<->NACK, with
-probability ``flip``); ``late`` (the downstream check of a candidate is delivered 1-3 rounds
-after it was produced, so verdicts for old candidates arrive after newer ones); ``upstream``
-(the request's env changes from 1 to 2 after the first round has been generated and checked).
+- ``single``: every node once, check, return if all visible checks pass.
+- ``resample``: regenerate the blamed nodes and everything downstream of them, fresh, with no
+  feedback (best-of-n with blame).
+- ``whole``: regenerate every node: blamed ones with their previous candidate and the
+  accumulated counterexamples, the others re-asked without feedback (a fresh sample).
+- ``cache``: the pipeline again through a prompt-keyed cache (node, request, upstream answers,
+  its accumulated feedback): a blamed node misses (new feedback), so does every node whose
+  upstream answer changed; the rest are hits.
+- ``recheck``: the hand-written "re-check, then regenerate" loop: regenerate only the blamed
+  nodes with feedback, re-run only the checks whose inputs changed (results cached by the
+  candidates on the case's path), regenerate a downstream node only when its re-check fails.
+- ``incr``: the engine. One ``incr.Runtime`` per task; each node an ``@incr.llm`` whose
+  generator reads its upstream nodes and whose ``@incr.validator`` runs its sync checks
+  (NACK for itself, ``incr.Reject`` when blame points upstream); a composing ``@incr.cell``
+  runs the downstream checks and raises ``incr.Reject(node, ...)``. ``incr_par`` is the same
+  with ``max_workers=4`` driven by ``rt.observe`` + ``rt.stabilize()``.
+- ``strong``: the ``resample`` loop with the stronger, dearer model.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import threading
+import time
 from collections import defaultdict
-from dataclasses import dataclass
 
 import incr
-from benchmarks.feedback.tasks import NodeSpec, Task, defects, run_check
+from benchmarks.feedback.sim import SimModel, prompt_for
+from benchmarks.feedback.tasks import (Task, blame_path, cause, check_passes, fresh, parse,
+                                       path, right_value)
 
-ARMS = ("single", "resample", "whole", "cache", "incr")
-SCENARIOS = ("clean", "flaky", "late", "upstream")
-MAX_TICKS = 12
-
-
-@dataclass(frozen=True)
-class TaskBudget:
-    calls: int
-    tokens: int
-    seconds: float
-
-
-def budget_for(task: Task) -> TaskBudget:
-    n = len(task.nodes)
-    return TaskBudget(calls=3 * n, tokens=3 * n * 450, seconds=3 * n * 2.0)
+ARMS = ("single", "resample", "whole", "cache", "recheck", "incr", "incr_par", "strong")
+FEEDBACK_ARMS = ("whole", "cache", "recheck", "incr", "incr_par")
 
 
 class BudgetSpent(Exception):
@@ -58,224 +51,292 @@ class BudgetSpent(Exception):
 
 
 class RoundOver(Exception):
-    """The harness holds a node to its first generation until the upstream change lands."""
+    """Holds a node to its first answer until the upstream change lands."""
+
+
+class Fb:
+    """A NACK as the plain loops feed it (the same fields as incr.NACK)."""
+    __slots__ = ("case", "counterexample")
+
+    def __init__(self, case, counterexample):
+        self.case, self.counterexample = case, counterexample
+
+
+def unit_cost(task: Task, cfg: dict) -> tuple[float, int]:
+    """Cost and tokens of one base-model first call per node: the unit of the spend axes."""
+    m = SimModel(cfg, 0)
+    cost = tokens = 0
+    for n in task.nodes:
+        p = prompt_for(task, n.name, 1, {})
+        pt, ct, c = m._tokens(p, None, ())
+        cost += c
+        tokens += pt + ct
+    return cost, tokens
 
 
 class Ctx:
-    """One arm on one task: the meter, the checks (with faults), the logs."""
-
-    def __init__(self, arm, task: Task, scenario, model, seed, flip=0.1):
-        self.arm, self.task, self.scenario, self.model, self.seed = arm, task, scenario, model, seed
-        self.flip = flip if scenario == "flaky" else 0.0
-        self.budget = budget_for(task)
+    def __init__(self, arm: str, task: Task, cfg: dict, seed: int, cap_multiple=None,
+                 sleep_scale: float = 0.0):
+        self.arm, self.task, self.cfg, self.seed = arm, task, cfg, seed
+        self.model = SimModel(cfg, seed, strong=(arm == "strong"))
+        h = cfg["harness"]
+        self.unit, self.unit_tokens = unit_cost(task, cfg)
+        mult = cap_multiple
+        if mult is None:   # the stronger model gets the same number of rounds' worth of tokens
+            mult = h["run_cap_multiple"] * (cfg["strong"]["price_factor"] if arm == "strong" else 1)
+        self.cap = mult * self.unit
+        self.sleep_scale = sleep_scale
         self.env = 1
-        self.calls = self.tokens = 0
-        self.seconds = 0.0
-        self.k = defaultdict(int)
-        self.gens: list = []           # (node, k, candidate, env)
         self.cur: dict = {}
-        self.sync_ok: dict = {}        # node -> did its current candidate pass its sync checks
+        self.first: dict = {}
+        self.k = defaultdict(int)
+        self.log: list = []          # (node, k, cost, tokens)
+        self.calls = self.tokens = 0
+        self.cost = self.seconds = 0.0
         self.checks_run = 0
-        self.execs = defaultdict(int)
-        self.rollbacks = 0
+        self.climbs = 0
+        self.kept = 0                # downstream candidates kept by re-validation
         self.cache_hits = 0
+        self.levels: dict = {}
         self.phase1 = False
-        self.stale = 0                 # late verdicts that judged an older candidate
+        self.capped = False
+        self.lock = threading.Lock()
 
     # -- the meter -------------------------------------------------------------------------
 
-    def call(self, node: NodeSpec, previous, feedback):
-        b = self.budget
-        if self.calls >= b.calls or self.tokens >= b.tokens or self.seconds >= b.seconds:
-            raise BudgetSpent(node.name)
-        if node.name in self.cur and self.sync_ok.get(node.name):
-            self.rollbacks += 1        # an accepted candidate is replaced
-        c = self.model.generate(self.task, node, self.env, previous, tuple(feedback),
-                                self.k[node.name])
-        self.gens.append((node.name, self.k[node.name], c.candidate, self.env))
-        self.k[node.name] += 1
-        self.calls += 1
-        self.tokens += c.tokens
-        self.seconds += c.seconds
-        self.cur[node.name] = c.candidate
-        self.sync_ok[node.name] = False
+    def call(self, node: str, previous, feedback, current=None):
+        prompt = prompt_for(self.task, node, self.env, self.cur if current is None else current)
+        with self.lock:
+            if self.cost >= self.cap:
+                self.capped = True
+                raise BudgetSpent(node)
+            k = self.k[node]
+            self.k[node] += 1
+            c = self.model.generate(prompt, previous, tuple(feedback), k)
+            self.calls += 1
+            self.tokens += c.tokens
+            self.cost += c.cost
+            self.seconds += c.seconds
+            self.log.append((node, k, c.cost, c.tokens))
+            self.cur[node] = c.candidate
+            self.first.setdefault(node, c.candidate)
+        if self.sleep_scale:
+            time.sleep(c.seconds * self.sleep_scale)
         return c
 
-    # -- visible checks, with injected faults -------------------------------------------------
+    # -- checks and blame ----------------------------------------------------------------------
 
-    def check(self, node: NodeSpec, case: str, cand: str):
-        kinds = {c.name: c.kind for c in node.checks}
-        if kinds[case] == "hidden":
-            raise AssertionError(f"hidden check {case} must never run inside a loop")
+    def run_check(self, chk, current) -> bool:
+        if not chk.shown:
+            raise AssertionError(f"hidden check {chk.name} must never run inside a loop")
         self.checks_run += 1
-        ok, cex = run_check(node, case, cand, self.env)
-        if self.flip:
-            key = (node.name, cand, case, self.env)
-            n = self.execs[key]
-            self.execs[key] += 1
-            if random.Random(f"{self.seed}/{self.task.id}/flip/{node.name}/{cand}/{case}/"
-                             f"{self.env}/{n}").random() < self.flip:
-                ok = not ok
-        cex = {"case": case, **cex} if isinstance(cex, dict) else {"case": case, "detail": cex}
-        return ok, cex
+        ok = check_passes(self.task, chk, current, self.env)
+        if ok:
+            self.levels.pop(chk.name, None)
+        return ok
 
-    def delay(self, node: NodeSpec, cand: str, n: int) -> int:
-        return random.Random(f"{self.seed}/{self.task.id}/late/{node.name}/{cand}/{n}").randint(1, 3)
+    def fresh(self, node: str, current) -> Fb | None:
+        """The structural freshness check of an embedding node: None, or the NACK (blaming
+        the node itself: it must re-read its upstream)."""
+        if not self.task.node(node).embed:
+            return None
+        self.checks_run += 1
+        if fresh(self.task, node, current):
+            return None
+        return Fb(f"{node}_fresh", {"case": f"{node}_fresh", "aspect": None, "expected": None,
+                                    "got": None})
 
-
-def _nack(case, cex):
-    return incr.NACK(case, counterexample=cex)
-
-
-def _cexkey(v):
-    return (v.case, json.dumps(v.counterexample, sort_keys=True, default=repr))
+    def blame(self, chk, current) -> tuple[str, dict]:
+        """(node to regenerate, counterexample) for a failing visible check."""
+        task = self.task
+        bp = blame_path(task, chk)
+        names = [n for n, _a in bp]
+        pos_true = names.index(cause(task, chk, current, self.env))
+        on_path = "|".join(str(current.get(n)) for n in names)
+        rng = random.Random(f"blame/{self.seed}/{task.id}/{chk.name}/{self.env}/{on_path}")
+        pos_v = pos_true
+        if len(bp) > 1 and rng.random() < self.cfg["validator"]["p_misblame"]:
+            pos_v = rng.choice([i for i in range(len(bp)) if i != pos_true])
+        pos = max(pos_v, self.levels.get(chk.name, 0))
+        if pos > pos_v:
+            self.climbs += 1
+        self.levels[chk.name] = (pos + 1) % len(bp)
+        node, aspect = bp[pos]
+        got = parse(current[node])["own"].get(aspect)
+        exp = right_value(task.node(node).aspect(aspect), self.env) if pos == 0 else None
+        return node, {"case": chk.name, "aspect": aspect, "expected": exp, "got": got}
 
 
 # --- the plain arms ---------------------------------------------------------------------------
 
 
 def run_plain(ctx: Ctx) -> dict:
-    task, arm, late = ctx.task, ctx.arm, ctx.scenario == "late"
-    nodes = task.nodes
-    table = {n.name: {} for n in nodes}      # case -> (ok, cex) for "the node": not revision-bound
-    fb = {n.name: [] for n in nodes}         # every NACK seen, as feedback (regression cases)
+    task, arm = ctx.task, ctx.arm
+    order = [n.name for n in task.nodes]
+    reads = {n.name: n.reads for n in task.nodes}
+    fb: dict = {n: [] for n in order}
     cache: dict = {}
-    pending: list = []                       # (due tick, seq, node, case, ok, cex)
-    submitted = defaultdict(int)
-    seq = 0
-    reason = None
-    accepted = False
+    checked: dict = {}
+    h = ctx.cfg["harness"]
 
-    def prompt_key(n, with_fb):
-        if not with_fb:
-            return (n.name, ctx.env)
-        return (n.name, ctx.env, ctx.cur.get(n.name), tuple(_cexkey(v) for v in fb[n.name]))
+    def gen(n, with_fb):
+        if with_fb and fb[n]:
+            ctx.call(n, ctx.cur.get(n), fb[n])
+        else:
+            ctx.call(n, None, ())
 
-    def gen(n, previous, feedback, key=None):
-        if key is not None and key in cache:
+    def gen_cached(n):
+        key = (n, ctx.env, tuple(ctx.cur.get(r) for r in reads[n]),
+               tuple((v.case, json.dumps(v.counterexample, sort_keys=True)) for v in fb[n]))
+        if key in cache:
             ctx.cache_hits += 1
-            ctx.cur[n.name] = cache[key]
+            ctx.cur[n] = cache[key]
             return
-        c = ctx.call(n, previous, feedback)
-        if key is not None:
-            cache[key] = c.candidate
-        table[n.name] = {}
+        gen(n, True)
+        cache[key] = ctx.cur[n]
 
-    def validate(n, fresh):
-        nonlocal seq
-        cand = ctx.cur[n.name]
-        t = table[n.name]
-        for c in n.sync + (() if late else n.down):
-            t[c.name] = ctx.check(n, c.name, cand)
-        if late and fresh:
-            for c in n.down:
-                t.pop(c.name, None)
-                ok, cex = ctx.check(n, c.name, cand)
-                d = ctx.delay(n, cand, submitted[(n.name, cand)])
-                submitted[(n.name, cand)] += 1
-                seq += 1
-                pending.append((tick + d, seq, n, c.name, ok, cex, cand))
-        ctx.sync_ok[n.name] = all(t.get(c.name, (False,))[0] for c in n.sync)
-        for case, (ok, cex) in t.items():
+    def evaluate():
+        fails = []
+        for c in task.visible:
+            if arm == "recheck":
+                key = (c.name, ctx.env, tuple(x[2] for x in path(task, c.node, c.aspect,
+                                                                  ctx.cur.get(c.node), ctx.cur)))
+                if key not in checked:
+                    checked[key] = ctx.run_check(c, ctx.cur)
+                ok = checked[key]
+                if ok:
+                    ctx.levels.pop(c.name, None)
+            else:
+                ok = ctx.run_check(c, ctx.cur)
             if not ok:
-                v = _nack(case, cex)
-                if _cexkey(v) not in {_cexkey(x) for x in fb[n.name]}:
-                    fb[n.name].insert(0, v)
+                fails.append(c)
+        stale = {}
+        for n in order:
+            v = ctx.fresh(n, ctx.cur)
+            if v is not None:
+                stale[n] = v
+        return fails, stale
 
-    fresh = {n.name: True for n in nodes}
-    tick = 1
+    accepted, reason, rounds = False, None, 1
     try:
-        for n in nodes:
-            gen(n, None, (), prompt_key(n, False) if arm == "cache" else None)
+        for n in order:
+            gen_cached(n) if arm == "cache" else gen(n, False)
         changed = False
         while True:
-            if late:
-                for item in sorted(p for p in pending if p[0] <= tick):
-                    pending.remove(item)
-                    _due, _s, n, case, ok, cex, judged = item
-                    if judged != ctx.cur[n.name]:
-                        ctx.stale += 1                  # a verdict about an older candidate
-                    table[n.name][case] = (ok, cex)     # naive: to whatever is current
-                    if not ok:
-                        v = _nack(case, cex)
-                        if _cexkey(v) not in {_cexkey(x) for x in fb[n.name]}:
-                            fb[n.name].insert(0, v)
-            for n in nodes:
-                validate(n, fresh[n.name])
-                fresh[n.name] = False
-            if ctx.scenario == "upstream" and not changed:
+            fails, stale = evaluate()
+            if task.env_change and not changed:
                 changed = True
-                ctx.env = 2
-                if arm != "single":
-                    continue                            # the loop checks again under env 2
-                # single generation ran and checked under env 1: it cannot see the change
-            verdicts = {n.name: [table[n.name].get(c.name) for c in n.visible] for n in nodes}
-            blamed = [n for n in nodes if any(v is not None and not v[0] for v in verdicts[n.name])]
-            waiting = [n for n in nodes if any(v is None for v in verdicts[n.name])]
-            if not blamed and not waiting:
+                ctx.env = 2                     # the request changes after round 1
+                if arm == "single":
+                    accepted, reason = not fails, (None if not fails else "rejected")
+                    break
+                continue
+            if not fails and not stale:
                 accepted = True
                 break
-            if arm == "single" and (blamed or not pending):
+            if arm == "single":
                 reason = "rejected"
                 break
-            tick += 1
-            if tick > MAX_TICKS:
+            rounds += 1
+            if rounds > h["max_rounds"]:
                 reason = "rounds"
                 break
-            if arm == "single":
-                continue
-            if arm == "resample":
-                todo = [(n, None, ()) for n in blamed]
+            blamed: dict = {n: [v] for n, v in stale.items()}
+            for c in fails:
+                t, cex = ctx.blame(c, ctx.cur)
+                blamed.setdefault(t, []).append(Fb(c.name, cex))
+            for t, items in blamed.items():
+                fb[t] = items + fb[t]
+            hit = set(blamed)
+            if arm in ("resample", "strong"):
+                for t in list(blamed):
+                    hit.update(task.downstream(t))
+                for n in order:
+                    if n in hit:
+                        gen(n, False)
             elif arm == "whole":
-                todo = ([(n, ctx.cur[n.name], fb[n.name] if n in blamed else ())
-                         for n in nodes] if blamed else [])
-            else:   # cache
-                todo = [(n, ctx.cur[n.name] if n in blamed else None,
-                         fb[n.name] if n in blamed else ()) for n in nodes
-                        if n in blamed or prompt_key(n, False) not in cache]
-            for n, prev, feedback in todo:
-                key = None if arm != "cache" else prompt_key(n, bool(feedback))
-                before = ctx.cur[n.name]
-                gen(n, prev, tuple(feedback), key)
-                fresh[n.name] = fresh[n.name] or ctx.cur[n.name] != before or not late
+                for n in order:
+                    gen(n, n in blamed)
+            elif arm == "cache":
+                for n in order:
+                    gen_cached(n)
+            elif arm == "recheck":
+                for n in order:
+                    if n in blamed:
+                        gen(n, True)
+            else:
+                raise ValueError(arm)
     except BudgetSpent:
         reason = "budget"
-    return {"accepted": accepted, "escalation": None if accepted else reason,
-            "final": dict(ctx.cur)}
+    return {"accepted": accepted, "reason": None if accepted else reason,
+            "final": dict(ctx.cur), "rounds": rounds}
 
 
 # --- incr -------------------------------------------------------------------------------------
 
 
-def run_incr(ctx: Ctx) -> dict:
-    task, late = ctx.task, ctx.scenario == "late"
-    rt = incr.Runtime(max_workers=1)
-    env_in = rt.input("env", 1)
-    b = ctx.budget
-    nodes = {}
+def _ancestors(task: Task, name: str) -> list:
+    out, todo = [], list(task.node(name).reads)
+    while todo:
+        r = todo.pop()
+        if r not in out:
+            out.append(r)
+            todo.extend(task.node(r).reads)
+    return [n.name for n in task.nodes if n.name in out]
 
-    def make(spec: NodeSpec):
-        sync = spec.sync
+
+def run_incr(ctx: Ctx, workers: int = 1) -> dict:
+    task = ctx.task
+    rt = incr.Runtime(max_workers=workers)
+    env_in = rt.input("env", 1)
+    go = rt.input("go", workers == 1)
+    nodes: dict = {}
+    validated: dict = defaultdict(set)
+    down = [c for c in task.visible if c.where == "down"]
+
+    def make(spec):
+        sync = [c for c in task.visible if c.node == spec.name and c.where == "sync"]
+        anc = _ancestors(task, spec.name)
 
         @incr.validator(version="1")
         def checks(cand, key):
             env_in.get()
-            ok_all = True
+            current = {r: nodes[r](key) for r in anc}
+            current[spec.name] = cand
+            out = [incr.ACK("well_formed")]
+            reject = None
+            all_ok = True
+            stale = ctx.fresh(spec.name, {**current, **{r: nodes[r](key) for r in spec.reads}})
+            if stale is not None:
+                out.append(incr.NACK(stale.case, counterexample=stale.counterexample))
+                all_ok = False
             for c in sync:
-                ok, cex = ctx.check(spec, c.name, cand)
-                ok_all &= ok
-                yield incr.ACK(c.name) if ok else _nack(c.name, cex)
-            ctx.sync_ok[spec.name] = ok_all
+                if ctx.run_check(c, current):
+                    out.append(incr.ACK(c.name))
+                    continue
+                all_ok = False
+                target, cex = ctx.blame(c, current)
+                if target == spec.name:
+                    out.append(incr.NACK(c.name, counterexample=cex))
+                elif reject is None and not ctx.phase1:
+                    reject = incr.Reject(nodes[target], key, case=c.name, counterexample=cex)
+            if reject is not None:
+                raise reject
+            if all_ok:
+                if cand in validated[spec.name]:
+                    ctx.kept += 1            # re-validated in a new context and kept
+                validated[spec.name].add(cand)
+            return out
 
-        @incr.llm(validators=[checks], version="v1",
-                  accept=incr.Acceptance(min_cases=len(sync) + (len(spec.down) if late else 0)),
-                  budget=incr.Budget(max_attempts=b.calls, max_tokens=b.tokens))
+        @incr.llm(validators=[checks], version="v1", accept=incr.Acceptance(min_cases=1),
+                  budget=incr.Budget(max_attempts=100))
         def node(key, *, previous=None, feedback=()):
             env_in.get()
+            current = {r: nodes[r](key) for r in spec.reads}
             if ctx.phase1 and ctx.k[spec.name] >= 1:
                 raise RoundOver(spec.name)
-            c = ctx.call(spec, previous, feedback)
-            return incr.Candidate(c.candidate, tokens=c.tokens)
+            c = ctx.call(spec.name, previous, feedback, current)
+            return incr.Candidate(c.candidate, tokens=c.tokens, cost=c.cost)
 
         return node
 
@@ -284,110 +345,61 @@ def run_incr(ctx: Ctx) -> dict:
 
     @incr.cell(version="1")
     def compose(key):
+        if not go.get():
+            return None
         env_in.get()
-        out = [nodes[s.name](key) for s in task.nodes]
-        for spec, cand in zip(task.nodes, out):
-            for c in spec.down:
-                ok, cex = ctx.check(spec, c.name, cand)
-                if not ok:
-                    raise incr.Reject(nodes[spec.name], key, case=c.name, counterexample=cex)
-        return tuple(out)
+        current = {n.name: nodes[n.name](key) for n in task.nodes}
+        for c in down:
+            if not ctx.run_check(c, current) and not ctx.phase1:
+                target, cex = ctx.blame(c, current)
+                raise incr.Reject(nodes[target], key, case=c.name, counterexample=cex)
+        return tuple(current[n.name] for n in task.nodes)
 
+    stop = (RoundOver, BudgetSpent, incr.NotAccepted)
     accepted, reason = False, None
     with rt:
-        if ctx.scenario == "upstream":
+        obs = rt.observe(compose, "t") if workers > 1 else None
+
+        def step():
+            if workers > 1:
+                rt.stabilize()
+                return obs.value
+            return compose("t")
+
+        if task.env_change:
             ctx.phase1 = True
-            for spec in task.nodes:
-                try:
-                    nodes[spec.name]("t")
-                except (RoundOver, incr.NotAccepted):
-                    pass
+            if workers > 1:
+                go.set(True)
             try:
-                compose("t")
-            except (RoundOver, incr.NotAccepted, incr.Reject):
+                step()
+            except stop:
                 pass
             ctx.phase1 = False
+            ctx.levels.clear()
             env_in.set(2)
             ctx.env = 2
-        if not late:
-            for spec in task.nodes:          # every node gets its first candidate, as elsewhere
-                try:
-                    nodes[spec.name]("t")
-                except (incr.NotAccepted, BudgetSpent):
-                    pass
-            try:
-                compose("t")
-                accepted = True
-            except incr.NotAccepted as e:
-                reason = e.reason
-            except BudgetSpent:
-                reason = "budget"
-        else:
-            accepted, reason = _incr_late(ctx, rt, task, nodes)
+        elif workers > 1:
+            go.set(True)
+        try:
+            accepted = step() is not None
+        except incr.NotAccepted as e:
+            reason = e.reason
+        except BudgetSpent:
+            reason = "budget"
         final = {}
         for spec in task.nodes:
             try:
-                final[spec.name] = rt.state(nodes[spec.name], "t").candidate
+                st = rt.state(nodes[spec.name], "t")
+                if st.candidate is not None:
+                    final[spec.name] = st.candidate
             except incr.IncrError:
                 pass
         stats = rt.stats()
     rt.close()
     ctx.incr_stats = {k: stats.get(k) for k in ("generations", "validations")}
-    return {"accepted": accepted, "escalation": None if accepted else reason, "final": final}
-
-
-def _incr_late(ctx: Ctx, rt, task: Task, nodes: dict):
-    """Downstream verdicts delivered late, with the revision they judged."""
-    pending: list = []
-    submitted: set = set()
-    seq = 0
-    reason = None
-    for tick in range(1, MAX_TICKS + 1):
-        for item in sorted(p for p in pending if p[0] <= tick):
-            pending.remove(item)
-            _due, _s, spec, rev, case, ok, cex = item
-            node = nodes[spec.name]
-            if rev != rt.state(node, "t").revision:
-                ctx.stale += 1                  # history for incr: never moves the status
-            if ok:
-                rt.ack(node, "t", revision=rev, case=case)
-            else:
-                rt.nack(node, "t", revision=rev, case=case, counterexample=cex)
-        status = {}
-        for spec in task.nodes:
-            node = nodes[spec.name]
-            try:
-                node("t")
-                status[spec.name] = "stable"
-            except incr.NotAccepted as e:
-                status[spec.name] = e.reason
-            except BudgetSpent:
-                status[spec.name] = "budget"
-            # the downstream checker sees every candidate revision produced, as in the other
-            # arms. One context here, so revisions number the distinct candidates in order (a
-            # candidate that comes back is no revision: incr stops with "oscillation")
-            seen: list = []
-            for name, _k, cand, _e in ctx.gens:
-                if name == spec.name and cand not in seen:
-                    seen.append(cand)
-            for rev, cand in enumerate(seen, 1):
-                if (spec.name, rev) in submitted:
-                    continue
-                submitted.add((spec.name, rev))
-                for c in spec.down:
-                    ok, cex = ctx.check(spec, c.name, cand)
-                    seq += 1
-                    pending.append((tick + ctx.delay(spec, cand, 0), seq, spec, rev,
-                                    c.name, ok, cex))
-        if all(s == "stable" for s in status.values()):
-            return True, None
-        if "budget" in status.values():
-            return False, "budget"
-        bad = [s for s in status.values() if s not in ("stable", "unknown")]
-        if not pending:
-            return False, bad[0] if bad else "unknown"
-        reason = bad[0] if bad else "rounds"
-    return False, reason
+    rounds = max(ctx.k.values(), default=0)
+    return {"accepted": accepted, "reason": None if accepted else (reason or "unknown"),
+            "final": final, "rounds": rounds}
 
 
 # --- scoring (after the arm returned; the only place hidden checks run) ----------------------
@@ -396,45 +408,40 @@ def _incr_late(ctx: Ctx, rt, task: Task, nodes: dict):
 def score(ctx: Ctx, out: dict) -> dict:
     task, env = ctx.task, ctx.env
     final = out["final"]
-    node_ok = {n.name: n.name in final and not defects(n, final[n.name], env) for n in task.nodes}
-    correct = all(node_ok.values())
-    first = {}
-    for name, k, cand, _e in ctx.gens:
-        if k == 0:
-            first[name] = cand
-    spec = {n.name: n for n in task.nodes}
-    first_ok = {n: not defects(spec[n], c, env) for n, c in first.items()}
-    broken = sum(1 for n, ok in first_ok.items() if ok and not node_ok.get(n, False))
-    # per round: the candidate each node held after its r-th generation
-    rounds = max((k + 1 for _n, k, _c, _e in ctx.gens), default=0)
-    per_round = []
-    for r in range(1, MAX_TICKS + 1):
-        held = {}
-        for name, k, cand, _e in ctx.gens:
-            if k < r:
-                held[name] = cand
-        per_round.append(all(name in held and not defects(spec[name], held[name], env)
-                             for name in spec))
+    ok = {c.name: check_passes(task, c, final, env) for c in task.checks}
+    correct = all(ok.values())
+    first_ok = {c.name: check_passes(task, c, ctx.first, env) for c in task.checks}
+
+    def node_ok(table, n):
+        return all(table[c.name] for c in task.checks if c.node == n.name)
+
+    broken = sum(1 for n in task.nodes if node_ok(first_ok, n) and not node_ok(ok, n))
+    acc = bool(out["accepted"])
     return {
         "task": task.id, "family": task.family, "control": task.control, "arm": ctx.arm,
-        "scenario": ctx.scenario, "seed": ctx.seed,
-        "success": bool(out["accepted"] and correct),
-        "accepted": bool(out["accepted"]),
-        "wrong_stable": bool(out["accepted"] and not correct),
-        "escalated": not out["accepted"], "escalation": out["escalation"],
-        "calls": ctx.calls, "tokens": ctx.tokens, "latency_s": round(ctx.seconds, 4),
-        "checks_run": ctx.checks_run, "rounds": rounds, "rollbacks": ctx.rollbacks,
+        "seed": ctx.seed, "success": acc and correct, "accepted": acc,
+        "wrong_accepted": acc and not correct, "escalated": not acc, "reason": out["reason"],
+        "visible_ok": all(ok[c.name] for c in task.visible),
+        "protective_broken": sum(1 for c in task.checks if c.kind == "protective"
+                                 and first_ok[c.name] and not ok[c.name]),
+        "first_all_correct": all(first_ok.values()),
         "broken_first": broken,
-        "first_all_correct": len(first_ok) == len(spec) and all(first_ok.values()),
-        "control_broken": bool(task.control and len(first_ok) == len(spec)
-                               and all(first_ok.values()) and not (out["accepted"] and correct)),
-        "per_round": per_round, "cache_hits": ctx.cache_hits, "stale_verdicts": ctx.stale,
-        "seen_cases": sorted(getattr(ctx.model, "seen_cases", {}).get(task.id, ())),
-        "budget": [ctx.budget.calls, ctx.budget.tokens, ctx.budget.seconds],
+        "calls": ctx.calls, "tokens": ctx.tokens, "cost": round(ctx.cost, 6),
+        "latency_s": round(ctx.seconds, 4), "checks_run": ctx.checks_run,
+        "rounds": out["rounds"], "climbs": ctx.climbs, "kept": ctx.kept,
+        "cache_hits": ctx.cache_hits, "capped": ctx.capped,
+        "unit": ctx.unit, "unit_tokens": ctx.unit_tokens, "nodes": len(task.nodes),
+        "log": [(round(c, 6), t) for _n, _k, c, t in ctx.log],
+        "seen_cases": sorted(set(ctx.model.seen_cases)),
     }
 
 
-def run(arm: str, task: Task, scenario: str, model, seed: int, flip: float = 0.1) -> dict:
-    ctx = Ctx(arm, task, scenario, model, seed, flip)
-    out = run_incr(ctx) if arm == "incr" else run_plain(ctx)
+def run(arm: str, task: Task, cfg: dict, seed: int, cap_multiple=None, sleep_scale=0.0) -> dict:
+    ctx = Ctx(arm, task, cfg, seed, cap_multiple, sleep_scale)
+    if arm == "incr":
+        out = run_incr(ctx, 1)
+    elif arm == "incr_par":
+        out = run_incr(ctx, 4)
+    else:
+        out = run_plain(ctx)
     return score(ctx, out)

@@ -1,61 +1,72 @@
-"""A dependency-free SVG of the main figures: per scenario and arm, success on hidden checks,
-model calls and candidates wrongly returned as stable, each with its 95% interval (internal)."""
+"""A dependency-free SVG: success vs mean spend per arm (cost, calls, tokens), with the 95%
+bootstrap band over seeds at each cap (internal). Labelled SIMULATED."""
 
 from __future__ import annotations
 
 from html import escape
 
 COLORS = {"single": "#888888", "resample": "#d98c1f", "whole": "#c23b3b", "cache": "#3b6fc2",
-          "incr": "#2a9d55"}
-PANELS = (("success", "success on hidden checks (share of tasks)", 1.0),
-          ("calls", "model calls per task", None),
-          ("wrong_stable", "wrong results returned as stable (share)", 1.0))
+          "recheck": "#8e44ad", "incr": "#2a9d55", "incr_par": "#7fd19b", "strong": "#222222"}
+TITLES = {"cost": "mean cost (units: one base first call per node)",
+          "calls": "mean model calls (per node)", "tokens": "mean tokens (units)"}
 
 
-def svg(summary: dict, scenarios, arm_names, label: str) -> str:
-    pw, ph, left, top = 300, 26 * len(arm_names) + 20, 170, 70
-    width = left + len(PANELS) * (pw + 30) + 10
-    height = top + len(scenarios) * (ph + 18) + 50
+def svg(res: dict) -> str:
+    units = list(res["equal_spend"])
+    pw, ph, left, top = 300, 260, 50, 70
+    width = left + len(units) * (pw + 40) + 120
+    height = top + ph + 60
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-         f'font-family="sans-serif" font-size="12">',
+         f'font-family="sans-serif" font-size="11">',
          f'<rect width="{width}" height="{height}" fill="white"/>',
-         f'<text x="10" y="20" font-size="14" font-weight="bold">Local feedback vs. other '
-         f'arms at the same budget (mean, 95% bootstrap interval)</text>',
-         f'<text x="10" y="38" fill="#a00">{escape(label)}</text>']
-    for p, (metric, title, fixed) in enumerate(PANELS):
-        x0 = left + p * (pw + 30)
-        vmax = fixed or max((summary[k][metric]["hi"] for k in summary), default=1) * 1.1
-        o.append(f'<text x="{x0}" y="{top - 12}" font-weight="bold">{escape(title)}</text>')
-        for s, sc in enumerate(scenarios):
-            y0 = top + s * (ph + 18)
-            o.append(f'<rect x="{x0}" y="{y0}" width="{pw}" height="{ph}" fill="#f6f6f6" '
-                     f'stroke="#ccc"/>')
-            for t in range(5):
-                gx = x0 + pw * t / 4
-                o.append(f'<line x1="{gx:.1f}" y1="{y0}" x2="{gx:.1f}" y2="{y0 + ph}" '
-                         f'stroke="#ddd"/>')
-                if s == len(scenarios) - 1:
-                    o.append(f'<text x="{gx:.1f}" y="{y0 + ph + 14}" text-anchor="middle" '
-                             f'fill="#555">{vmax * t / 4:.2g}</text>')
-            if p == 0:
-                o.append(f'<text x="10" y="{y0 + 14}" font-weight="bold">{escape(sc)}</text>')
-            for i, arm in enumerate(arm_names):
-                m = summary.get(f"{sc}/{arm}")
-                if m is None:
-                    continue
-                y = y0 + 16 + i * 26
-                if p == 0:
-                    o.append(f'<text x="{left - 8}" y="{y + 4}" text-anchor="end" '
-                             f'fill="{COLORS.get(arm, "#000")}">{escape(arm)}</text>')
-                v = m[metric]
+         '<text x="10" y="20" font-size="14" font-weight="bold">Success (accepted and passes '
+         'hidden checks) vs spend, per arm; band: 95% bootstrap over seeds</text>',
+         f'<text x="10" y="38" fill="#a00">{escape(res["model"])} (config '
+         f'{res["config_sha256"][:12]}, commit {escape(res["git_commit"][:12])})</text>']
+    for p, unit in enumerate(units):
+        e = res["equal_spend"][unit]
+        x0 = left + p * (pw + 40)
+        xmax = max(pt["spend"] for d in e["arms"].values() for pt in d["curve"]) * 1.05
 
-                def X(val):
-                    return x0 + pw * min(max(val / vmax, 0), 1)
-                c = COLORS.get(arm, "#000")
-                o.append(f'<line x1="{X(v["lo"]):.1f}" y1="{y}" x2="{X(v["hi"]):.1f}" y2="{y}" '
-                         f'stroke="{c}" stroke-width="2"/>')
-                o.append(f'<circle cx="{X(v["mean"]):.1f}" cy="{y}" r="4" fill="{c}"/>')
-                o.append(f'<text x="{X(v["mean"]) + 6:.1f}" y="{y - 5}" font-size="10" '
-                         f'fill="#333">{v["mean"]:.2f}</text>')
+        def X(v):
+            return x0 + pw * min(max(v / xmax, 0), 1)
+
+        def Y(v):
+            return top + ph * (1 - min(max(v, 0), 1))
+
+        o.append(f'<rect x="{x0}" y="{top}" width="{pw}" height="{ph}" fill="#f8f8f8" '
+                 f'stroke="#ccc"/>')
+        o.append(f'<text x="{x0}" y="{top - 8}" font-weight="bold">{escape(TITLES[unit])}</text>')
+        for t in range(6):
+            yv = t / 5
+            o.append(f'<line x1="{x0}" y1="{Y(yv):.1f}" x2="{x0 + pw}" y2="{Y(yv):.1f}" '
+                     f'stroke="#e4e4e4"/>')
+            o.append(f'<text x="{x0 - 4}" y="{Y(yv) + 4:.1f}" text-anchor="end" '
+                     f'fill="#555">{yv:.1f}</text>')
+            xv = xmax * t / 5
+            o.append(f'<text x="{X(xv):.1f}" y="{top + ph + 14}" text-anchor="middle" '
+                     f'fill="#555">{xv:.1f}</text>')
+        for arm, d in e["arms"].items():
+            c = COLORS.get(arm, "#000")
+            pts = d["curve"]
+            band = [(pt["spend"], pt["success_ci"]) for pt in pts if pt["success_ci"]]
+            if band:
+                poly = ([f"{X(s):.1f},{Y(ci[1]):.1f}" for s, ci in band]
+                        + [f"{X(s):.1f},{Y(ci[0]):.1f}" for s, ci in reversed(band)])
+                o.append(f'<polygon points="{" ".join(poly)}" fill="{c}" fill-opacity="0.15" '
+                         f'stroke="none"/>')
+            line = " ".join(f"{X(pt['spend']):.1f},{Y(pt['success']):.1f}" for pt in pts)
+            dash = ' stroke-dasharray="4,3"' if arm == "incr_par" else ""
+            o.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
+            for pt in pts:
+                o.append(f'<circle cx="{X(pt["spend"]):.1f}" cy="{Y(pt["success"]):.1f}" r="2.5" '
+                         f'fill="{c}"/>')
+    lx = left + len(units) * (pw + 40) - 10
+    for i, arm in enumerate(res["equal_spend"][units[0]]["arms"]):
+        y = top + 10 + 18 * i
+        o.append(f'<line x1="{lx}" y1="{y}" x2="{lx + 20}" y2="{y}" stroke="{COLORS.get(arm, "#000")}" '
+                 f'stroke-width="3"/><text x="{lx + 25}" y="{y + 4}">{escape(arm)}</text>')
+    o.append(f'<text x="10" y="{height - 10}" fill="#a00">SIMULATED: a seeded simulation of a '
+             f'model with pre-registered parameters, not an LLM.</text>')
     o.append("</svg>")
     return "\n".join(o) + "\n"

@@ -1,412 +1,308 @@
-"""Task families with executable oracles (internal to the feedback benchmark).
+"""Tasks of the feedback benchmark: small graphs of 3-5 LLM nodes with checks (internal).
 
-A task is a small graph: one input (the request, whose ``env`` can change), three or four
-sibling LLM nodes, the validators the runtime sees, and one composing cell that runs the
-downstream check of every node. Each node has a finite candidate space (the simulated model
-draws from it; a real model may answer anything: every check below executes the candidate, so
-any string can be scored). Every check is an executable oracle: a candidate passes when, run
-on prepared inputs, it gives what a reference gives.
+Everything here is SIMULATED and abstract: a node's answer is a set of *aspects* (one value
+each, one value right); there is no SQL or prose. What the abstraction keeps is the structure
+the engine is for:
 
-Checks come in three kinds per node:
+- an aspect may read an upstream node's aspect (``dep``), so a wrong upstream value makes the
+  downstream output wrong: the visible failure shows downstream of its cause;
+- a node either *embeds* what it read (its answer carries a copy of the upstream candidate it
+  was generated from: to pick up an upstream fix it must be regenerated) or *references* it
+  (its output is computed from the current upstream candidate: re-validation is enough);
+- an aspect may be ``env``-sensitive: its right value changes when the request changes
+  mid-run (the upstream-change family);
+- checks are ``visible`` (the loop sees them and their counterexamples), ``protective``
+  (visible checks on easy aspects that first answers usually get right: they catch an edit
+  that breaks what was right) or ``hidden`` (scoring only; never given to a loop or a model).
+  A visible or protective case can be passed by special-casing it (an "overfit" edit); a
+  hidden case cannot, and some aspects have only hidden checks (visible coverage < 1);
+- ``where``: ``sync`` checks run in the node's own validator, ``down`` checks downstream (in
+  incr, a composing cell that raises ``incr.Reject``).
 
-- ``sync``: visible, run by the node's own validator;
-- ``down``: visible, run downstream (the composing cell in incr raises ``incr.Reject``; in the
-  late-verdict scenario it arrives through ``rt.ack``/``rt.nack`` rounds later);
-- ``hidden``: used only for scoring, never shown to any loop (``hidden`` is never passed to an
-  arm; tests check that no hidden case name reaches a model).
-
-``env`` 1 is the request as first stated; ``env`` 2 is the upstream change the fault
-scenario injects (NULL refunds in the orders table, user ids reused across tenants, 8-digit
-order ids). Invariants: a node's correctness never depends on another node's candidate (blame
-is exact: see the page for what this favours); every space holds at least two candidates
-correct under env 1 and at least one wrong one.
+Families (5 tasks + 1 control each, 24 tasks): ``chain`` (embedding chains of 3-5 nodes, the
+only visible check of the propagated fact at the end), ``codegen`` (referencing chains),
+``upstream`` (the request changes after round 1), ``diamond`` (two nodes share an upstream
+node, a sink reads both). A control task's first answers are all right (the simulated model
+is told so): any loss there is a loop breaking a right answer.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
-import re
-import sqlite3
-import zlib
+import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
-# --- checks ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Aspect:
+    name: str
+    easy: bool = False
+    dep: tuple[str, str] | None = None      # (upstream node, its aspect)
+    env: bool = False                        # the right value changes when env goes 1 -> 2
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    aspects: tuple[Aspect, ...]
+    embed: bool = True
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        out: list = []
+        for a in self.aspects:
+            if a.dep and a.dep[0] not in out:
+                out.append(a.dep[0])
+        return tuple(out)
+
+    def aspect(self, name: str) -> Aspect:
+        for a in self.aspects:
+            if a.name == name:
+                return a
+        raise KeyError(name)
 
 
 @dataclass(frozen=True)
 class Check:
-    """One executable case: ``run(candidate, env) -> (ok, counterexample)``."""
     name: str
-    kind: str                          # "sync", "down" or "hidden"
-    run: Callable[[str, int], tuple[bool, Any]] = field(compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    name: str
-    family: str
-    prompt: str
-    space: tuple[str, ...]
-    checks: tuple[Check, ...]
+    node: str
+    aspect: str
+    kind: str            # "visible", "protective" or "hidden"
+    where: str = "down"  # "sync" (the node's validator) or "down" (downstream)
 
     @property
-    def sync(self):
-        return tuple(c for c in self.checks if c.kind == "sync")
-
-    @property
-    def down(self):
-        return tuple(c for c in self.checks if c.kind == "down")
-
-    @property
-    def visible(self):
-        return tuple(c for c in self.checks if c.kind != "hidden")
-
-    @property
-    def hidden_names(self):
-        return frozenset(c.name for c in self.checks if c.kind == "hidden")
+    def shown(self) -> bool:
+        return self.kind != "hidden"
 
 
 @dataclass(frozen=True)
 class Task:
     id: str
     family: str
-    request: str
-    env_text: tuple[str, str]          # what the request says under env 1 and env 2
-    nodes: tuple[NodeSpec, ...]
-    control: bool = False              # the simulated model's first answers are all correct
+    nodes: tuple[Node, ...]                  # topological order
+    checks: tuple[Check, ...] = field(repr=False)
+    control: bool = False
+    env_change: bool = False
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def visible(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.shown)
+
+    @property
+    def hidden_names(self) -> frozenset:
+        return frozenset(c.name for c in self.checks if not c.shown)
+
+    def downstream(self, name: str) -> tuple[str, ...]:
+        """Every node that reads ``name``, directly or not, in topological order."""
+        hit = {name}
+        out = []
+        for n in self.nodes:
+            if any(r in hit for r in n.reads):
+                hit.add(n.name)
+                out.append(n.name)
+        return tuple(out)
+
+    def coverage(self) -> float:
+        """Share of aspects with at least one visible or protective check."""
+        seen = {(c.node, c.aspect) for c in self.visible}
+        allasp = [(n.name, a.name) for n in self.nodes for a in n.aspects]
+        return sum(1 for x in allasp if x in seen) / len(allasp)
+
+
+def right_value(a: Aspect, env: int) -> int:
+    """What the request asks for: the ground truth of one aspect."""
+    return 1 if (a.env and env == 2) else 0
+
+
+# --- candidates ---------------------------------------------------------------------------
+# A candidate is a JSON string (incr stores and fingerprints it as text):
+#   {"n": node, "own": {aspect: value}, "p": [special-cased case names], "s": style,
+#    "u": {upstream node: its candidate string}}    ("u" only for embedding nodes)
+
+
+@functools.lru_cache(maxsize=200_000)
+def parse(cand: str) -> dict:
+    return json.loads(cand)
+
+
+def make(node: str, own: dict, patched=(), style: int = 0, upstream: dict | None = None) -> str:
+    d = {"n": node, "own": dict(sorted(own.items())), "p": sorted(set(patched)), "s": style}
+    if upstream is not None:
+        d["u"] = {k: (parse(v) if v is not None else None) for k, v in sorted(upstream.items())}
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+def _canon(d) -> str | None:
+    return None if d is None else json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+def _upstream(task: Task, node: Node, cand: dict, current: dict, up: str):
+    if node.embed:
+        return _canon(cand.get("u", {}).get(up))
+    return current.get(up)
+
+
+def path(task: Task, node: str, aspect: str, cand: str, current: dict) -> list:
+    """The dependency path of (node, aspect) as [(node, aspect, candidate)], checked node first,
+    upstream candidates resolved as the node sees them (its embedded copy, or the current one)."""
+    out = [(node, aspect, cand)]
+    while True:
+        n, a, c = out[-1]
+        spec = task.node(n)
+        asp = spec.aspect(a)
+        if asp.dep is None or c is None:
+            return out
+        up = _upstream(task, spec, parse(c), current, asp.dep[0])
+        out.append((asp.dep[0], asp.dep[1], up))
+
+
+def aspect_ok(task: Task, node: str, aspect: str, cand: str, env: int, current: dict) -> bool:
+    for n, a, c in path(task, node, aspect, cand, current):
+        if c is None or parse(c)["own"].get(a) != right_value(task.node(n).aspect(a), env):
+            return False
+    return True
+
+
+def fresh(task: Task, node: str, current: dict) -> bool:
+    """The freshness check every loop may run (visible, structural): an embedding node's
+    candidate was generated from the upstream candidates in force now."""
+    spec = task.node(node)
+    cand = current.get(node)
+    if not spec.embed or cand is None:
+        return True
+    u = parse(cand).get("u", {})
+    return all(_canon(u.get(r)) == current.get(r) for r in spec.reads)
+
+
+def check_passes(task: Task, chk: Check, current: dict, env: int) -> bool:
+    cand = current.get(chk.node)
+    if cand is None:
+        return False
+    if chk.shown and chk.name in parse(cand)["p"]:
+        return True                          # special-cased: visible cases only
+    return aspect_ok(task, chk.node, chk.aspect, cand, env, current)
+
+
+def cause(task: Task, chk: Check, current: dict, env: int) -> str:
+    """The node whose regeneration the failure calls for: the most upstream node on the
+    current dependency path whose own value is wrong; if every current value is right, the
+    most upstream embedding node holding a stale copy (or the checked node)."""
+    cur_path = []
+    n, a = chk.node, chk.aspect
+    while True:
+        cur_path.append((n, a))
+        asp = task.node(n).aspect(a)
+        if asp.dep is None:
+            break
+        n, a = asp.dep
+    wrong = [n for n, a in cur_path if current.get(n) is None
+             or parse(current[n])["own"].get(a) != right_value(task.node(n).aspect(a), env)]
+    if wrong:
+        return wrong[-1]
+    stale = [n for n, _a in cur_path[:-1] if task.node(n).embed and
+             any(_canon(parse(current[n]).get("u", {}).get(r)) != current.get(r)
+                 for r in task.node(n).reads)]
+    return stale[-1] if stale else chk.node
+
+
+def blame_path(task: Task, chk: Check) -> list:
+    """[(node, aspect)] from the checked node up its dependency chain (the graph's wiring,
+    which the loop's author knows)."""
+    out = [(chk.node, chk.aspect)]
+    while True:
+        asp = task.node(out[-1][0]).aspect(out[-1][1])
+        if asp.dep is None:
+            return out
+        out.append(asp.dep)
+
+
+# --- the task set -------------------------------------------------------------------------
+
+
+def _chain(tid, family, length, *, embed, env_root=False, gap=False, mid_sync=False,
+           protective=True, control=False, extra_hidden=True):
+    nodes = []
+    for i in range(length):
+        name = f"n{i + 1}"
+        asp = [Aspect("f", dep=(f"n{i}", "f") if i else None, env=env_root and i == 0),
+               Aspect("g", easy=True)]
+        if gap and i == 1:
+            asp.append(Aspect("h"))          # checked by hidden cases only
+        nodes.append(Node(name, tuple(asp), embed=embed))
+    last = nodes[-1].name
+    checks = [Check("end_f", last, "f", "visible", "down")]
+    if extra_hidden:
+        checks.append(Check("end_f_hidden", last, "f", "hidden", "down"))
+    if mid_sync and length >= 3:
+        mid = nodes[length // 2].name
+        checks.append(Check(f"{mid}_f", mid, "f", "visible", "sync"))
+    for n in nodes:
+        checks.append(Check(f"{n.name}_g", n.name, "g", "protective" if protective else "hidden",
+                            "sync"))
+        checks.append(Check(f"{n.name}_g_hidden", n.name, "g", "hidden", "sync"))
+        for a in n.aspects:
+            if a.name == "h":
+                checks.append(Check(f"{n.name}_h_hidden", n.name, "h", "hidden", "sync"))
+    for n in nodes[:-1]:
+        checks.append(Check(f"{n.name}_f_hidden", n.name, "f", "hidden", "sync"))
+    return Task(tid, family, tuple(nodes), tuple(checks), control=control, env_change=env_root)
+
+
+def _diamond(tid, *, embed, family="diamond", width=2, env_root=False, gap=False, control=False,
+             sink_sync=False):
+    a = Node("a", (Aspect("f", env=env_root), Aspect("g", easy=True)), embed=embed)
+    mids = [Node(f"b{i + 1}", (Aspect("f", dep=("a", "f")), Aspect("g", easy=True)) +
+                 ((Aspect("h"),) if gap and i == 0 else ()), embed=embed) for i in range(width)]
+    d = Node("d", tuple(Aspect(f"f{i + 1}", dep=(m.name, "f")) for i, m in enumerate(mids)) +
+             (Aspect("g", easy=True),), embed=embed)
+    nodes = (a, *mids, d)
+    checks = []
+    for i in range(width):
+        checks.append(Check(f"d_f{i + 1}", "d", f"f{i + 1}", "visible",
+                            "sync" if sink_sync else "down"))
+        checks.append(Check(f"d_f{i + 1}_hidden", "d", f"f{i + 1}", "hidden", "down"))
+    for n in nodes:
+        checks.append(Check(f"{n.name}_g", n.name, "g", "protective", "sync"))
+        checks.append(Check(f"{n.name}_g_hidden", n.name, "g", "hidden", "sync"))
+        if n is not d:
+            checks.append(Check(f"{n.name}_f_hidden", n.name, "f", "hidden", "sync"))
+        if any(x.name == "h" for x in n.aspects):
+            checks.append(Check(f"{n.name}_h_hidden", n.name, "h", "hidden", "sync"))
+    return Task(tid, family, nodes, tuple(checks), control=control, env_change=env_root)
 
 
 @functools.lru_cache(maxsize=None)
-def _run_check(node: NodeSpec, case: str, cand: str, env: int) -> tuple[bool, Any]:
-    for c in node.checks:
-        if c.name == case:
-            try:
-                return c.run(cand, env)
-            except Exception as e:  # a candidate that crashes a check fails it
-                return False, {"error": f"{type(e).__name__}: {e}"}
-    raise KeyError(case)
-
-
-def run_check(node: NodeSpec, case: str, cand: str, env: int) -> tuple[bool, Any]:
-    """Execute one case (memoized: the oracles are pure; the cost is counted by the caller)."""
-    return _run_check(node, case, cand, env)
-
-
-@functools.lru_cache(maxsize=None)
-def defects(node: NodeSpec, cand: str, env: int) -> frozenset:
-    """Every case (visible and hidden) ``cand`` fails under ``env``: the ground truth."""
-    return frozenset(c.name for c in node.checks if not run_check(node, c.name, cand, env)[0])
-
-
-# --- family 1: text-to-SQL over SQLite (the refund case and its kin) -----------------------
-
-SCHEMA = "orders(id INTEGER, customer TEXT, status TEXT, refunded INTEGER, amount REAL, day TEXT)"
-
-
-def _sql(sql: str, rows) -> Any:
-    db = sqlite3.connect(":memory:")
-    try:
-        db.execute(f"CREATE TABLE {SCHEMA}")
-        db.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?)", rows)
-        out = db.execute(sql).fetchall()
-    finally:
-        db.close()
-    if len(out) == 1 and len(out[0]) == 1:
-        v = out[0][0]
-        return round(v, 6) if isinstance(v, float) else v
-    return [list(r) for r in out]
-
-
-def _rows(*spec):
-    """(customer, status, refunded, amount, day) -> rows with ids."""
-    return tuple((i + 1,) + tuple(r) for i, r in enumerate(spec))
-
-
-def _sql_case(name, kind, reference, rows1, rows2=None):
-    def run(cand, env):
-        rows = rows1 if env == 1 or rows2 is None else rows2
-        want = _sql(reference, rows)
-        got = _sql(cand, rows)
-        same = got == want or (isinstance(got, (int, float)) and isinstance(want, (int, float))
-                               and abs(got - want) < 1e-6)
-        return same, {"rows": [list(r) for r in rows], "expected": want, "got": got}
-    return Check(name, kind, run)
-
-
-_D = "2024-06-10"
-PNR_REF = "SELECT COUNT(*) FROM orders WHERE status = 'paid' AND COALESCE(refunded, 0) = 0"
-PAID_NOT_REFUNDED = NodeSpec(
-    "paid_not_refunded", "sql",
-    f"Count the paid orders that were not refunded. Table {SCHEMA}.",
-    (PNR_REF,
-     "SELECT COUNT(*) FROM orders WHERE status = 'paid' AND refunded IS NOT 1",
-     "SELECT COUNT(*) FROM orders WHERE status = 'paid' AND refunded = 0",
-     "SELECT COUNT(*) FROM orders WHERE status = 'paid'",
-     "SELECT COUNT(*) FROM orders WHERE refunded = 0",
-     "SELECT COUNT(DISTINCT customer) FROM orders WHERE status = 'paid' AND refunded = 0",
-     "SELECT COUNT(*) FROM orders WHERE status != 'cancelled' AND refunded = 0"),
-    (_sql_case("counts_paid", "sync", PNR_REF,
-               _rows(("a", "paid", 0, 1, _D), ("b", "pending", 0, 1, _D), ("c", "paid", 0, 1, _D))),
-     _sql_case("excludes_refunds", "down", PNR_REF,
-               _rows(("a", "paid", 0, 1, _D), ("b", "paid", 1, 1, _D)),
-               _rows(("a", "paid", None, 1, _D), ("b", "paid", 1, 1, _D))),
-     _sql_case("repeat_customer", "hidden", PNR_REF,
-               _rows(("a", "paid", 0, 1, _D), ("a", "paid", 0, 2, _D), ("b", "paid", 1, 1, _D))),
-     _sql_case("other_statuses", "hidden", PNR_REF,
-               _rows(("a", "shipped", 0, 1, _D), ("b", "paid", 0, 1, _D), ("c", "cancelled", 0, 1, _D)),
-               _rows(("a", "shipped", None, 1, _D), ("b", "paid", None, 1, _D)))))
-
-REF_AMT = "SELECT COALESCE(SUM(amount), 0) FROM orders WHERE refunded = 1"
-REFUNDED_AMOUNT = NodeSpec(
-    "refunded_amount", "sql",
-    f"Total amount of refunded orders (0 when there are none). Table {SCHEMA}.",
-    (REF_AMT,
-     "SELECT TOTAL(amount) FROM orders WHERE refunded = 1",
-     "SELECT SUM(amount) FROM orders WHERE refunded = 1",
-     "SELECT COUNT(*) FROM orders WHERE refunded = 1",
-     "SELECT SUM(amount) FROM orders WHERE refunded = 0",
-     "SELECT COALESCE(SUM(amount), 0) FROM orders WHERE status = 'paid' AND refunded = 1"),
-    (_sql_case("one_refund", "sync", REF_AMT,
-               _rows(("a", "paid", 1, 15.0, _D), ("b", "paid", 0, 40.0, _D))),
-     _sql_case("two_refunds", "down", REF_AMT,
-               _rows(("a", "paid", 1, 15.0, _D), ("b", "paid", 1, 12.5, _D), ("c", "paid", 0, 3, _D))),
-     _sql_case("no_refunds", "hidden", REF_AMT, _rows(("a", "paid", 0, 9.0, _D))),
-     _sql_case("refunded_cancelled", "hidden", REF_AMT,
-               _rows(("a", "cancelled", 1, 7.0, _D), ("b", "paid", 1, 1.0, _D)))))
-
-REV_REF = ("SELECT COALESCE(SUM(amount), 0) FROM orders WHERE status = 'paid' "
-           "AND COALESCE(refunded, 0) = 0 AND day >= '2024-06-01'")
-PAID_REVENUE = NodeSpec(
-    "paid_revenue_since_june", "sql",
-    f"Revenue from paid, not refunded orders since 2024-06-01 inclusive. Table {SCHEMA}.",
-    (REV_REF,
-     "SELECT TOTAL(amount) FROM orders WHERE status = 'paid' AND refunded IS NOT 1 AND day >= '2024-06-01'",
-     "SELECT COALESCE(SUM(amount), 0) FROM orders WHERE status = 'paid' AND refunded = 0 AND day >= '2024-06-01'",
-     "SELECT COALESCE(SUM(amount), 0) FROM orders WHERE status = 'paid' AND COALESCE(refunded, 0) = 0 AND day > '2024-06-01'",
-     "SELECT COALESCE(SUM(amount), 0) FROM orders WHERE status = 'paid' AND day >= '2024-06-01'",
-     "SELECT COALESCE(SUM(amount), 0) FROM orders WHERE status = 'paid' AND COALESCE(refunded, 0) = 0"),
-    (_sql_case("in_window", "sync", REV_REF,
-               _rows(("a", "paid", 0, 10.0, "2024-06-05"), ("b", "paid", 0, 5.0, "2024-05-20"))),
-     _sql_case("refund_in_window", "down", REV_REF,
-               _rows(("a", "paid", 0, 10.0, "2024-06-05"), ("b", "paid", 1, 5.0, "2024-06-06")),
-               _rows(("a", "paid", None, 10.0, "2024-06-05"), ("b", "paid", 1, 5.0, "2024-06-06"))),
-     _sql_case("first_day", "hidden", REV_REF,
-               _rows(("a", "paid", 0, 10.0, "2024-06-01"), ("b", "paid", 0, 2.0, "2024-06-02"))),
-     _sql_case("null_refund", "hidden", REV_REF,
-               _rows(("a", "paid", None, 4.0, "2024-06-03"), ("b", "paid", 0, 1.0, "2024-06-03")))))
-
-
-# --- family 2: multi-tenant cache-key repair (the second design note) ----------------------
-
-_ALLOWED = (ast.Expression, ast.Tuple, ast.Subscript, ast.Constant, ast.Name, ast.Load,
-            ast.JoinedStr, ast.FormattedValue, ast.BinOp, ast.Add, ast.IfExp, ast.Compare,
-            ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.BoolOp, ast.And, ast.Or, ast.Call)
-
-
-def _expr(src: str, names: tuple[str, ...]) -> Callable:
-    """Compile a small expression over ``names`` after checking every syntax node against a
-    short allow-list (a real model's answer is executed, so nothing else gets through)."""
-    tree = ast.parse(src.strip(), mode="eval")
-    for n in ast.walk(tree):
-        if not isinstance(n, _ALLOWED):
-            raise ValueError(f"{type(n).__name__} is not allowed in a key expression")
-        if isinstance(n, ast.Name) and n.id not in names + ("str",):
-            raise ValueError(f"unknown name {n.id}")
-        if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id == "str"):
-            raise ValueError("only str() may be called")
-    code = compile(tree, "<candidate>", "eval")
-    return lambda *vals: eval(code, {"__builtins__": {}, "str": str}, dict(zip(names, vals)))
-
-
-def _price(tenant, user, product):
-    """A personalised price, the same in every process (crc32, not hash())."""
-    return zlib.crc32(f"{tenant}|{user}|{product}".encode()) % 9000 / 100 + 10
-
-
-def _serve(key_src: str, requests, env: int):
-    """Run requests through a cache keyed by the candidate; returns (answers, backend calls).
-    Under env 2 user ids are only unique within a tenant."""
-    key = None if key_src.strip() == "None" else _expr(key_src, ("r",))
-    cache, backend, out = {}, 0, []
-    for r in requests:
-        truth = _price(r["tenant"] if env == 2 else "-", r["user"], r["product"])
-        k = None if key is None else key(r)
-        if k is not None and k in cache:
-            out.append(cache[k])
-            continue
-        backend += 1
-        if k is not None:
-            cache[k] = truth
-        out.append(truth)
-    truths = [_price(r["tenant"] if env == 2 else "-", r["user"], r["product"]) for r in requests]
-    return out, truths, backend
-
-
-def _req(tenant, user, product, ts=0):
-    return {"tenant": tenant, "user": user, "product": product, "ts": ts}
-
-
-def _iso(name, kind, reqs1, reqs2=None):
-    def run(cand, env):
-        reqs = reqs1 if env == 1 or reqs2 is None else reqs2
-        got, want, _b = _serve(cand, reqs, env)
-        return got == want, {"requests": reqs, "prices_expected": want, "prices_served": got}
-    return Check(name, kind, run)
-
-
-def _hits(name, kind, reqs, max_backend):
-    def run(cand, env):
-        got, want, backend = _serve(cand, reqs, env)
-        ok = got == want and backend <= max_backend
-        return ok, {"requests": reqs, "backend_calls": backend, "allowed": max_backend}
-    return Check(name, kind, run)
-
-
-_SAME = [_req("t1", 7, "p9", 1), _req("t1", 7, "p9", 2)]
-CACHE_KEY = NodeSpec(
-    "cache_key", "cache",
-    "Python expression over the request dict r (keys tenant, user, product, ts) giving the "
-    "cache key for personalised prices; None disables the cache.",
-    ("(r['tenant'], r['user'], r['product'])",
-     "(r['user'], r['tenant'], r['product'])",
-     "(r['user'], r['product'])",
-     "(r['product'], r['user'])",
-     "r['product']",
-     "None",
-     "str(r['user']) + str(r['product'])",
-     "(r['user'], r['product'], r['ts'])",
-     "(r['tenant'], r['product'])"),
-    (_iso("isolation_two_users", "sync", [_req("t1", 1, "p1"), _req("t1", 2, "p1")],
-          [_req("t1", 1, "p1"), _req("t2", 1, "p1")]),
-     _hits("same_user_hits", "down", _SAME, 1),
-     _iso("no_key_collision", "hidden", [_req("t1", 1, "23"), _req("t1", 12, "3")]),
-     _iso("isolation_tenants", "hidden", [_req("t1", 5, "p2"), _req("t2", 6, "p2")],
-          [_req("t1", 5, "p2"), _req("t2", 5, "p2")]),
-     _hits("hit_rate_trace", "hidden",
-           [_req("t1", u, p, ts) for ts, (u, p) in enumerate([(1, "a"), (2, "a"), (1, "a"),
-                                                              (2, "a"), (1, "b"), (1, "b")])], 3)))
-
-TTL = NodeSpec(
-    "ttl_seconds", "cache",
-    "Python expression over k (the item kind: 'price', 'inventory', 'catalog', ...) giving "
-    "the cache TTL in seconds: volatile data at most 300 s, catalog data at least 600 s.",
-    ("3600 if k == 'catalog' else 60", "60 if k != 'catalog' else 3600",
-     "60 if k == 'price' else 3600", "3600", "0", "60"),
-    (Check("price_fresh", "sync", lambda c, e: ((t := _expr(c, ("k",))("price")) <= 300 and t > 0,
-                                                 {"kind": "price", "ttl": _expr(c, ("k",))("price"),
-                                                  "want": "0 < ttl <= 300"})),
-     Check("catalog_cached", "down", lambda c, e: (_expr(c, ("k",))("catalog") >= 600,
-                                                   {"kind": "catalog", "ttl": _expr(c, ("k",))("catalog"),
-                                                    "want": "ttl >= 600"})),
-     Check("inventory_fresh", "hidden", lambda c, e: (0 < _expr(c, ("k",))("inventory") <= 300,
-                                                      {"kind": "inventory"}))))
-
-
-def _ev(name, kind, event, want):
-    return Check(name, kind, lambda c, e: (bool(_expr(c, ("e",))(event)) == want,
-                                           {"event": event, "evict_expected": want}))
-
-
-EVICT = NodeSpec(
-    "evict_on", "cache",
-    "Python expression over the event dict e (key type) that is True when the event must "
-    "evict cached personalised prices (price changes, customer tier changes).",
-    ("e['type'] in ('price_change', 'tier_change')",
-     "e['type'] == 'price_change' or e['type'] == 'tier_change'",
-     "e['type'] == 'price_change'", "e['type'] != 'login'", "True", "False"),
-    (_ev("price_change_evicts", "sync", {"type": "price_change"}, True),
-     _ev("unrelated_event_keeps", "down", {"type": "login"}, False),
-     _ev("tier_change_evicts", "hidden", {"type": "tier_change"}, True),
-     _ev("stock_event_keeps", "hidden", {"type": "stock_update"}, False)))
-
-
-# --- family 3: input validation rules (regular expressions) --------------------------------
-
-def _re_case(name, kind, sample, want1, want2=None):
-    def run(cand, env):
-        want = want1 if env == 1 or want2 is None else want2
-        got = re.fullmatch(cand, sample) is not None
-        return got == want, {"input": sample, "should_match": want, "matched": got}
-    return Check(name, kind, run)
-
-
-ORDER_ID = NodeSpec(
-    "order_id_re", "regex",
-    "Python regular expression (fullmatch) for order ids: 'ORD-' then 6 digits "
-    "(env 2: 6 or 8 digits).",
-    (r"ORD-\d{6}", r"ORD-[0-9]{6}", r"ORD-\d{6}(\d{2})?", r"ORD-\d+", r"ORD-\d{6}.*",
-     r"\d{6}", r"(ORD-)?\d{6}"),
-    (_re_case("accepts_plain", "sync", "ORD-123456", True),
-     _re_case("eight_digits", "sync", "ORD-12345678", False, True),
-     _re_case("rejects_short", "down", "ORD-12345", False),
-     _re_case("rejects_seven", "hidden", "ORD-1234567", False),
-     _re_case("rejects_suffix", "hidden", "ORD-123456x", False),
-     _re_case("rejects_bare", "hidden", "123456", False)))
-
-ZIP = NodeSpec(
-    "zip_re", "regex", "Python regular expression (fullmatch) for US ZIP codes: 5 digits, "
-    "optionally '-' and 4 digits.",
-    (r"\d{5}(-\d{4})?", r"[0-9]{5}(?:-[0-9]{4})?", r"\d{5}", r"\d{5}(-\d{4})*", r"\d{5}-?\d{0,4}",
-     r"\d{3,5}(-\d{4})?"),
-    (_re_case("five_digits", "sync", "12345", True),
-     _re_case("zip_plus_four", "down", "12345-6789", True),
-     _re_case("rejects_double_ext", "hidden", "12345-6789-0000", False),
-     _re_case("rejects_no_dash", "hidden", "123456789", False),
-     _re_case("rejects_four_digits", "hidden", "1234", False)))
-
-ISO_DATE = NodeSpec(
-    "iso_date_re", "regex", "Python regular expression (fullmatch) for ISO dates YYYY-MM-DD "
-    "with a real month (01-12) and day (01-31).",
-    (r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",
-     r"[0-9]{4}-(0[1-9]|1[012])-(0[1-9]|[12][0-9]|3[01])",
-     r"\d{4}-\d{2}-\d{2}", r"\d{4}-[01]\d-[0-3]\d", r"\d{4}-\d{1,2}-\d{1,2}",
-     r"\d{4}/(0[1-9]|1[0-2])/(0[1-9]|[12]\d|3[01])"),
-    (_re_case("plain_date", "sync", "2024-06-10", True),
-     _re_case("rejects_month_13", "down", "2024-13-01", False),
-     _re_case("rejects_month_00", "hidden", "2024-00-10", False),
-     _re_case("rejects_day_32", "hidden", "2024-01-32", False),
-     _re_case("rejects_short_month", "hidden", "2024-6-10", False)))
-
-
-# --- the task list --------------------------------------------------------------------------
-
-ENV_TEXT = {
-    "sql": ("refunded is 0 or 1.", "refunded is 0, 1 or NULL; NULL means not refunded."),
-    "cache": ("user ids are unique across tenants.", "user ids are unique only within a tenant."),
-    "regex": ("order ids have 6 digits.", "order ids have 6 or 8 digits."),
-}
-
-FAMILIES = {
-    "sql": (PAID_NOT_REFUNDED, REFUNDED_AMOUNT, PAID_REVENUE),
-    "cache": (CACHE_KEY, TTL, EVICT),
-    "regex": (ORDER_ID, ZIP, ISO_DATE),
-}
-
-
-def hide_down(node: NodeSpec) -> NodeSpec:
-    """The same node with its downstream check moved to the hidden set (no protective test)."""
-    return NodeSpec(node.name, node.family, node.prompt, node.space,
-                    tuple(Check(c.name, "hidden" if c.kind == "down" else c.kind, c.run)
-                          for c in node.checks))
-
-
-def tasks() -> list[Task]:
-    """Eight tasks: per family one ordinary task, one control (first answers all correct);
-    the SQL and cache families also a larger four-node task, the cache family one task
-    whose protective test (same user still hits) is hidden, not visible."""
-    out = []
-    for fam, nodes in FAMILIES.items():
-        req = " ".join(n.prompt for n in nodes)
-        out.append(Task(f"{fam}", fam, req, ENV_TEXT[fam], nodes))
-        out.append(Task(f"{fam}-control", fam, req, ENV_TEXT[fam], nodes, control=True))
-    out.append(Task("sql+regex", "mixed", "", (ENV_TEXT["sql"][0] + " " + ENV_TEXT["regex"][0],
-                                                ENV_TEXT["sql"][1] + " " + ENV_TEXT["regex"][1]),
-                    (PAID_NOT_REFUNDED, REFUNDED_AMOUNT, ORDER_ID, ISO_DATE)))
-    out.append(Task("cache-no-protective-test", "cache", "", ENV_TEXT["cache"],
-                    (hide_down(CACHE_KEY), TTL, EVICT)))
-    for t in out:   # a case name means one check within a task (feedback carries names)
-        names = [c.name for n in t.nodes for c in n.checks]
-        assert len(names) == len(set(names)), t.id
-    return out
+def tasks() -> tuple[Task, ...]:
+    return (
+        _chain("chain-3", "chain", 3, embed=True),
+        _chain("chain-4", "chain", 4, embed=True),
+        _chain("chain-5", "chain", 5, embed=True),
+        _chain("chain-4-midcheck", "chain", 4, embed=True, mid_sync=True),
+        _chain("chain-4-gap-noprotect", "chain", 4, embed=True, gap=True, protective=False),
+        _chain("chain-4-control", "chain", 4, embed=True, control=True),
+        _chain("codegen-3", "codegen", 3, embed=False),
+        _chain("codegen-4", "codegen", 4, embed=False),
+        _chain("codegen-5", "codegen", 5, embed=False),
+        _chain("codegen-4-midcheck", "codegen", 4, embed=False, mid_sync=True),
+        _chain("codegen-4-gap", "codegen", 4, embed=False, gap=True),
+        _chain("codegen-4-control", "codegen", 4, embed=False, control=True),
+        _chain("upstream-3", "upstream", 3, embed=True, env_root=True),
+        _chain("upstream-4", "upstream", 4, embed=True, env_root=True),
+        _chain("upstream-4-ref", "upstream", 4, embed=False, env_root=True),
+        _diamond("upstream-diamond", embed=True, env_root=True, family="upstream"),
+        _chain("upstream-5-ref-midcheck", "upstream", 5, embed=False, env_root=True,
+               mid_sync=True),
+        _chain("upstream-4-control", "upstream", 4, embed=True, env_root=True, control=True),
+        _diamond("diamond-2", embed=True),
+        _diamond("diamond-2-ref", embed=False),
+        _diamond("diamond-3", embed=True, width=3),
+        _diamond("diamond-2-gap", embed=True, gap=True),
+        _diamond("diamond-2-sync", embed=False, sink_sync=True),
+        _diamond("diamond-2-control", embed=True, control=True),
+    )
