@@ -947,6 +947,14 @@ cdef class Runtime:
         self.inputs[name] = i
         return i
 
+    def input_map(self, str name, mapping=None):
+        """A keyed input (incr.collections.InputMap): ``set(key, value)``, ``delete(key)``,
+        ``update(mapping)`` as one revision; operators ``map``, ``filter``, ``join``,
+        ``group_by`` and folds propagate per key. Same as ``incr.input_map(rt, name, mapping)``.
+        """
+        from incr import collections as _collections
+        return _collections.InputMap(self, name, mapping)
+
     def batch(self):
         """A context manager: every ``set`` inside it forms one revision.
 
