@@ -778,18 +778,16 @@ def incremental(fn: Callable | None = None, /, *, runtime: Any = None,
     Limits: state values should be encodable by incr (None, bool, int, float, str, bytes,
     tuple, list, dict with str keys, frozenset, registered types) to be stored and compared by
     value; others work in memory when ``==`` compares them by value. The node's ``config``
-    (if it takes one) is passed but not tracked. Only synchronous node functions; nodes run
-    one at a time per runtime (parallel branches are serialized).
+    (if it takes one) is passed but not tracked. A sync node runs one at a time per runtime
+    (parallel branches are serialized); an ``async def`` node is an async cell, and under
+    ``ainvoke``/``astream`` parallel branches run concurrently.
 
-    Raises TypeError for an ``async def`` node or one that asks LangGraph for injected
-    arguments other than ``config``.
+    Raises TypeError for a node that asks LangGraph for injected arguments other than
+    ``config``.
     """
     if fn is None:
         return lambda f: incremental(f, runtime=runtime, version=version)
-    if inspect.iscoroutinefunction(fn):
-        raise TypeError(f"incremental: {getattr(fn, '__qualname__', fn)} is async; incr cells "
-                        f"are synchronous (LangGraph runs a sync node in a worker thread "
-                        f"under ainvoke, so make it a plain def)")
+    is_async = inspect.iscoroutinefunction(fn)
     params = inspect.signature(fn).parameters
     extra = [p for p in list(params)[1:] if p not in ("config",)
              and params[p].default is inspect.Parameter.empty
@@ -809,6 +807,12 @@ def incremental(fn: Callable | None = None, /, *, runtime: Any = None,
         session, _key, config = _call.get() + (ident,)[:0]
         view = _StateView(session, f"lg:{node_key}:")
         return fn(view, config) if wants_config else fn(view)
+
+    if is_async:
+        async def body(node_key: str) -> Any:  # noqa: F811 - the async twin
+            session, _key, config = _call.get() + (ident,)[:0]
+            view = _StateView(session, f"lg:{node_key}:")
+            return await (fn(view, config) if wants_config else fn(view))
 
     body.__module__ = getattr(fn, "__module__", body.__module__)
     body.__qualname__ = getattr(fn, "__qualname__", body.__qualname__)
@@ -837,6 +841,31 @@ def incremental(fn: Callable | None = None, /, *, runtime: Any = None,
             finally:
                 _call.reset(token)
         return dict(out) if type(out) is dict else out
+
+    if is_async:
+        # under ainvoke: parallel branches are tasks of one loop; the inputs are set under
+        # the session's lock (no await inside it), the cell is awaited outside it
+        @functools.wraps(fn)
+        async def node(state: Any, config: Any = None) -> Any:  # noqa: F811
+            rt = runtime if runtime is not None else incr.current()
+            session = _session(rt)
+            node_key = _node_key(config, fn)
+            fields = _fields_of(state)
+            prefix = f"lg:{node_key}:"
+            with session.lock:
+                known = session.fields.setdefault(node_key, set())
+                known.update(fields)
+                with rt.batch():
+                    session.input(prefix + _KEYS_FIELD, frozenset(fields))
+                    for f in known:
+                        session.input(prefix + f, fields.get(f, MISSING))
+            token = _call.set((session, node_key, config))
+            try:
+                with rt:
+                    out = await cell.aget(node_key)
+            finally:
+                _call.reset(token)
+            return dict(out) if type(out) is dict else out
 
     node._incr_lg_identity = (ident, exact)   # what IncrCache keys this node by
     node.cell = cell

@@ -215,12 +215,70 @@ def test_explicit_runtime_and_node_used_twice():
     assert ran == {"double": 1, "again": 1}
 
 
-def test_async_node_is_refused():
-    async def node(state):
-        return {}
+class PS(TypedDict, total=False):
+    a: int
+    b: int
+    left: str
+    right: str
+    both: str
 
-    with pytest.raises(TypeError, match="async"):
-        incremental(node)
+
+def test_async_nodes_under_ainvoke_run_parallel_branches_concurrently_and_incrementally():
+    ran = Counter()
+    state = {"waiting": 0, "event": None, "n": 2}
+
+    async def gate(n):
+        n = state["n"]
+        # the first invoke's two branches must be in flight at once
+        if state["event"] is None:
+            state["event"] = asyncio.Event()
+        state["waiting"] += 1
+        if state["waiting"] >= n:
+            state["event"].set()
+        await asyncio.wait_for(state["event"].wait(), 5)
+
+    @incremental
+    async def left(s):
+        ran["left"] += 1
+        await gate(2)
+        return {"left": f"L{s['a']}"}
+
+    @incremental
+    async def right(s):
+        ran["right"] += 1
+        await gate(2)
+        return {"right": f"R{s['b']}"}
+
+    @incremental
+    async def join(s):
+        ran["join"] += 1
+        return {"both": s["left"] + s["right"]}
+
+    g = StateGraph(PS)
+    g.add_node("left", left)
+    g.add_node("right", right)
+    g.add_node("join", join)
+    g.add_edge(START, "left")
+    g.add_edge(START, "right")
+    g.add_edge("left", "join")
+    g.add_edge("right", "join")
+    g.add_edge("join", END)
+    app = g.compile()
+    rt = incr.Runtime()
+
+    async def main():
+        with rt:
+            first = await app.ainvoke({"a": 1, "b": 2})
+            assert first["both"] == "L1R2" and ran == {"left": 1, "right": 1, "join": 1}
+            ran.clear()
+            state["waiting"], state["event"], state["n"] = 0, None, 1
+            second = await app.ainvoke({"a": 5, "b": 2})        # only `a` changed
+            assert second["both"] == "L5R2"
+            assert ran == {"left": 1, "join": 1}                # right did not run
+            rt._check()
+
+    state["event"] = None
+    asyncio.run(main())
 
 
 def test_incremental_nodes_persist_across_runtimes(tmp_path):
