@@ -16,7 +16,8 @@
 #   I3  `dependents` is exactly the reverse of `deps`, as multisets;
 #   I4  timestamps order the trace: every dep d of n has d.ts < n.ts;
 #   I5  an observed instance that is dirty or has no value is in Runtime.dirty_observed;
-#   I6  outside a running computation no instance is RUNNING and the frame stack is empty;
+#   I6  outside a running computation no instance is RUNNING and the frame stack is empty
+#       (an async run in flight -- in Runtime.inflight -- is RUNNING between its steps);
 #       outside stabilize no instance is DEFERRED;
 #   I7  a clean instance holds no value computed from a dependency revision that has since been
 #       withdrawn or changed without it being verified again. For plain cells that is I1+I2;
