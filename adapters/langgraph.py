@@ -826,17 +826,11 @@ def incremental(fn: Callable | None = None, /, *, runtime: Any = None,
         session = _session(rt)
         node_key = _node_key(config, fn)
         fields = _fields_of(state)
-        prefix = f"lg:{node_key}:"
         with session.lock:
-            known = session.fields.setdefault(node_key, set())
-            known.update(fields)
             token = _call.set((session, node_key, config))
             try:
                 with rt:
-                    with rt.batch():
-                        session.input(prefix + _KEYS_FIELD, frozenset(fields))
-                        for f in known:
-                            session.input(prefix + f, fields.get(f, MISSING))
+                    _set_fields(rt, session, node_key, fields)
                     out = cell(node_key)
             finally:
                 _call.reset(token)
@@ -851,14 +845,8 @@ def incremental(fn: Callable | None = None, /, *, runtime: Any = None,
             session = _session(rt)
             node_key = _node_key(config, fn)
             fields = _fields_of(state)
-            prefix = f"lg:{node_key}:"
-            with session.lock:
-                known = session.fields.setdefault(node_key, set())
-                known.update(fields)
-                with rt.batch():
-                    session.input(prefix + _KEYS_FIELD, frozenset(fields))
-                    for f in known:
-                        session.input(prefix + f, fields.get(f, MISSING))
+                with session.lock:
+                _set_fields(rt, session, node_key, fields)
             token = _call.set((session, node_key, config))
             try:
                 with rt:
@@ -871,6 +859,18 @@ def incremental(fn: Callable | None = None, /, *, runtime: Any = None,
     node.cell = cell
     node.__signature__ = inspect.signature(fn)  # LangGraph passes config only if fn takes it
     return node
+
+
+def _set_fields(rt: Any, session: Any, node_key: str, fields: dict) -> None:
+    """The node's inputs from the state it is invoked with, as one revision (the session's
+    lock held): every field it has ever seen, MISSING for one absent now."""
+    prefix = f"lg:{node_key}:"
+    known = session.fields.setdefault(node_key, set())
+    known.update(fields)
+    with rt.batch():
+        session.input(prefix + _KEYS_FIELD, frozenset(fields))
+        for f in known:
+            session.input(prefix + f, fields.get(f, MISSING))
 
 
 import contextvars as _contextvars  # noqa: E402 - kept next to its only use

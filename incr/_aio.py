@@ -182,6 +182,15 @@ class _Stepper:
                 value, exc = None, e
 
 
+def _on(rt, frames: list, fn, *args) -> Any:
+    """Call ``fn(*args)`` with ``frames`` as the running stack (a task's own)."""
+    saved = rt._frames_swap(frames)
+    try:
+        return fn(*args)
+    finally:
+        rt._frames_swap(saved)
+
+
 # -- the restart points --------------------------------------------------------------------
 
 
@@ -205,25 +214,13 @@ async def arun(rt, n, parent: tuple) -> None:
         try:
             value = await _Stepper(rt, coro, frames)
         except _Suspend as s:
-            saved = rt._frames_swap(frames)
-            try:
-                rt._run_failed(n, f, had, invalid, s)
-            finally:
-                rt._frames_swap(saved)
+            _on(rt, frames, rt._run_failed, n, f, had, invalid, s)
             await do_works(rt, s.works, chain)
             continue
         except BaseException as e:
-            saved = rt._frames_swap(frames)
-            try:
-                rt._run_failed(n, f, had, invalid, e)
-            finally:
-                rt._frames_swap(saved)
+            _on(rt, frames, rt._run_failed, n, f, had, invalid, e)
             raise
-        saved = rt._frames_swap(frames)
-        try:
-            rt._run_finish(n, f, had, value, start)
-        finally:
-            rt._frames_swap(saved)
+        _on(rt, frames, rt._run_finish, n, f, had, value, start)
         return
 
 
@@ -286,11 +283,7 @@ class Resume:
         except BaseException as e:
             self._failed(rt, e)
             raise
-        saved = rt._frames_swap(self.frames)
-        try:
-            rt._run_finish(n, self.f, self.had, value, self.start)
-        finally:
-            rt._frames_swap(saved)
+        _on(rt, self.frames, rt._run_finish, n, self.f, self.had, value, self.start)
 
     async def do(self, rt) -> None:
         try:
@@ -299,11 +292,7 @@ class Resume:
             pass     # recorded in the trace: the waiters' steps meet it where they read it
 
     def _failed(self, rt, e) -> None:
-        saved = rt._frames_swap(self.frames)
-        try:
-            rt._run_failed(self.inst, self.f, self.had, self.invalid, e)
-        finally:
-            rt._frames_swap(saved)
+        _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid, e)
 
     def drop(self, rt) -> None:
         """Nobody will wait for it (the unwinding reached no restart point): close the

@@ -224,6 +224,7 @@ cdef class Runtime:
     cdef object demand(self, Instance n)
     cdef object ensure(self, Instance n)
     cdef object settle(self, Instance n, object body)
+    cdef Frame new_frame(self, Instance n)
     cdef Frame run_begin(self, Instance n)
     cdef bint run(self, Instance n) except -1
     cdef bint run_end(self, Instance n, Frame f, bint had, object value) except -1

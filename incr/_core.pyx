@@ -1464,13 +1464,7 @@ cdef class Runtime:
     def _pseudo_frame(self, Instance n):
         """A frame that records the reads of a call made for n (an async generator's or
         validator's), not pushed anywhere."""
-        cdef Frame f
-        self.frame_ids += 1
-        f = Frame.__new__(Frame)
-        f.node = n
-        f.reads = []
-        f.id = self.frame_ids
-        return f
+        return self.new_frame(n)
 
     def _frame_info(self, Frame f):
         return f.node, f.reads
@@ -2270,14 +2264,18 @@ cdef class Runtime:
         if self.report_log is not None:
             self.report_log.append((n, A_FAILED))
 
-    cdef Frame run_begin(self, Instance n):
-        # push n's frame and mark it running (run, and incr._aio for an async cell)
+    cdef inline Frame new_frame(self, Instance n):
         cdef Frame f
         self.frame_ids += 1
         f = Frame.__new__(Frame)
         f.node = n
         f.reads = []
         f.id = self.frame_ids
+        return f
+
+    cdef Frame run_begin(self, Instance n):
+        # push n's frame and mark it running (run, and incr._aio for an async cell)
+        cdef Frame f = self.new_frame(n)
         if not self.frames:
             self.owner = PyThread_get_thread_ident()
         self.frames.append(f)
