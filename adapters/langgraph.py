@@ -845,7 +845,7 @@ def incremental(fn: Callable | None = None, /, *, runtime: Any = None,
             session = _session(rt)
             node_key = _node_key(config, fn)
             fields = _fields_of(state)
-                with session.lock:
+            with session.lock:
                 _set_fields(rt, session, node_key, fields)
             token = _call.set((session, node_key, config))
             try:
