@@ -30,13 +30,33 @@ records nothing.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import threading
 import time
+import weakref
 from typing import Any
 
+from incr import _core
 from incr.errors import CycleError, IncrError, _OutOfTime, _Suspend
 
 _tl = threading.local()
+_pseudo: set = set()  # frames of async generator and validator calls in flight
+_op_loops: dict = {}  # loop -> incr async operations (astabilize, awaits) running on it
+
+
+def _op_began() -> None:
+    loop = asyncio._get_running_loop()
+    _op_loops[loop] = _op_loops.get(loop, 0) + 1
+
+
+def _op_ended() -> None:
+    loop = asyncio._get_running_loop()
+    k = _op_loops.get(loop, 0) - 1
+    if k > 0:
+        _op_loops[loop] = k
+    else:
+        _op_loops.pop(loop, None)
 _work: dict = {}      # future of work in flight -> [its task, how many wait for it]
 
 
@@ -67,6 +87,20 @@ def drive(coro) -> Any:
             except BaseException:
                 pass
         raise
+
+
+def drive_call(rt, coro) -> Any:
+    """An async generator's or validator's call from sync code, on this thread's loop: inside
+    it, cells are awaited (async code), so the running frame counts as an async one."""
+    frames = rt._frames()
+    top = frames[-1] if frames else None
+    if top is None or top in _pseudo:
+        return drive(coro)
+    _pseudo.add(top)
+    try:
+        return drive(coro)
+    finally:
+        _pseudo.discard(top)
 
 
 # -- work a sync step can ask for ----------------------------------------------------------
@@ -119,6 +153,7 @@ class Call:
 
     async def do(self, rt) -> None:
         f = rt._pseudo_frame(self.inst)
+        _pseudo.add(f)                    # inside the call, cells are awaited (async code)
         t0 = time.monotonic()
         try:
             out = await before(_Stepper(rt, self.factory(), [f]), self.deadline)
@@ -126,6 +161,8 @@ class Call:
             raise
         except BaseException as e:        # kept: the node's loop raises it where it called
             out = e
+        finally:
+            _pseudo.discard(f)
         _node, reads = rt._frame_info(f)
         self.sink[self.skey] = (out, [(d, d._changed_at) for d in reads],
                                 time.monotonic() - t0)
@@ -149,13 +186,14 @@ class _Stepper:
     """Await a coroutine, making ``frames`` the runtime's running stack during each of its
     steps (and only then)."""
 
-    __slots__ = ("rt", "coro", "frames", "first")
+    __slots__ = ("rt", "coro", "frames", "first", "quiet")
 
     def __init__(self, rt, coro, frames: list, first=None):
         self.rt = rt
         self.coro = coro
         self.frames = frames
         self.first = first          # what the coroutine yielded in a step already taken
+        self.quiet = -1             # this task's untracked frame (incr.untracked), or -1
 
     def __await__(self):
         rt, coro = self.rt, self.coro
@@ -167,6 +205,7 @@ class _Stepper:
                 value, exc = None, e
         while True:
             saved = rt._frames_swap(self.frames)
+            saved_q = rt._quiet_swap(self.quiet)
             try:
                 if exc is None:
                     y = coro.send(value)
@@ -175,6 +214,7 @@ class _Stepper:
             except StopIteration as s:
                 return s.value
             finally:
+                self.quiet = rt._quiet_swap(saved_q)
                 rt._frames_swap(saved)
             try:
                 value, exc = (yield y), None
@@ -255,6 +295,7 @@ def run_sync(rt, n) -> bool:
     work = Resume(n, coro, y, frames, f, had, invalid, start)
     if loop_running():
         rt.inflight[n] = None           # in flight: whatever else asks for it waits
+        rt.unwinding.append(work)       # until a restart point takes it (do_works)
         raise _Suspend([work])
     drive(work.go(rt))
     return True
@@ -263,12 +304,14 @@ def run_sync(rt, n) -> bool:
 class Resume:
     """Go on with an async instance's run that had to wait in its first step."""
 
-    __slots__ = ("inst", "coro", "y", "frames", "f", "had", "invalid", "start", "key")
+    __slots__ = ("inst", "coro", "y", "frames", "f", "had", "invalid", "start", "key",
+                 "settled")
 
     def __init__(self, inst, coro, y, frames, f, had, invalid, start):
         self.inst, self.coro, self.y, self.frames = inst, coro, y, frames
         self.f, self.had, self.invalid, self.start = f, had, invalid, start
         self.key = inst
+        self.settled = False        # its run was recorded, failed or dropped
 
     async def go(self, rt) -> None:
         n = self.inst
@@ -283,6 +326,7 @@ class Resume:
         except BaseException as e:
             self._failed(rt, e)
             raise
+        self.settled = True
         _on(rt, self.frames, rt._run_finish, n, self.f, self.had, value, self.start)
 
     async def do(self, rt) -> None:
@@ -292,11 +336,14 @@ class Resume:
             pass     # recorded in the trace: the waiters' steps meet it where they read it
 
     def _failed(self, rt, e) -> None:
+        self.settled = True
         _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid, e)
 
     def drop(self, rt) -> None:
         """Nobody will wait for it (the unwinding reached no restart point): close the
         coroutine, record nothing."""
+        if self.settled:
+            return
         if rt.inflight.get(self.inst, 0) is None:
             del rt.inflight[self.inst]
         saved = rt._frames_swap(self.frames)
@@ -312,6 +359,9 @@ class Resume:
 def abandon(rt, works) -> None:
     """A _Suspend that reached no restart point (sync code inside a running loop): started
     work nobody will finish is closed, recording nothing."""
+    if rt.unwinding:
+        taken = {id(w) for w in works}
+        rt.unwinding[:] = [w for w in rt.unwinding if id(w) not in taken]
     for w in works:
         drop = getattr(w, "drop", None)
         if drop is not None:
@@ -323,9 +373,15 @@ def call(rt, n):
     cell's body) an awaitable; in sync code its value."""
     frames = rt._frames()
     if frames:
-        node, _reads = rt._frame_info(frames[-1])
-        if node.cell.is_async:
-            return _ademand(rt, n, tuple(frames))       # in an async cell's body
+        top = frames[-1]
+        node, _reads = rt._frame_info(top)
+        if node.cell.is_async or top in _pseudo:
+            return _ademand(rt, n, tuple(frames))       # in an async cell's body or call
+        loop = asyncio._get_running_loop()
+        if loop is not None and loop is not getattr(_tl, "loop", None) and \
+                loop not in _op_loops:
+            # a loop the sync cell started itself (asyncio.run inside it): async code
+            return _ademand(rt, n, tuple(frames))
     elif loop_running():
         return _ademand(rt, n, ())                       # top-level async code
     return rt._demand(n)
@@ -339,7 +395,9 @@ def ademand(rt, n):
 async def _ademand(rt, n, parent: tuple) -> Any:
     top = not parent
     if top:
+        rt._enter()            # the loop's thread holds the runtime for the whole operation
         rt._keep_failed(1)
+        _op_began()
     try:
         works = None
         frames = rt._frames()
@@ -371,13 +429,17 @@ async def _ademand(rt, n, parent: tuple) -> Any:
                 rt._frames_swap(saved)
     finally:
         if top:
+            _op_ended()
             rt._keep_failed(-1)
+            rt._leave()
 
 
 async def astabilize(rt):
     """``await rt.astabilize()``: ``rt.stabilize()`` for async code. The async work of every
     observed instance runs concurrently; callbacks run once, when everything is up to date."""
+    rt._enter()                # the loop's thread holds the runtime for the whole pass
     rt._keep_failed(1)
+    _op_began()
     early: list = []          # runs made by the async work between passes, for the report
     t0 = time.perf_counter()
     try:
@@ -398,7 +460,9 @@ async def astabilize(rt):
             finally:
                 rt._report_into(None)
     finally:
+        _op_ended()
         rt._keep_failed(-1)
+        rt._leave()
 
 
 # -- doing the work --------------------------------------------------------------------------
@@ -409,6 +473,9 @@ async def do_works(rt, works: list, chain: list) -> None:
     ``chain``: the instances of the waiting computation, innermost last (for cycles)."""
     loop = asyncio.get_running_loop()
     futs, keys, seen = [], [], set()
+    if rt.unwinding:
+        taken = {id(w) for w in works}
+        rt.unwinding[:] = [w for w in rt.unwinding if id(w) not in taken]
     for w in works:
         if w.key in seen:
             continue
@@ -422,9 +489,18 @@ async def do_works(rt, works: list, chain: list) -> None:
                                 f"finish it (an internal error; please report it)")
             fut = loop.create_future()
             rt.inflight[w.key] = fut
-            _work[fut] = [loop.create_task(_perform(rt, w, fut)), 0]
-        elif chain:
-            _check_cycle(rt, w.key, chain)
+            ctx = contextvars.copy_context()
+            ctx.run(_core._active_var().set, rt)    # the task computes on rt
+            task = loop.create_task(_perform(rt, w, fut), context=ctx)
+            task.add_done_callback(functools.partial(_finished, rt, w, fut))
+            _work[fut] = [task, 0]
+        else:
+            if fut.get_loop() is not loop:
+                raise IncrError(f"incr: {getattr(w.key, 'label_text', w.key)} is being "
+                                f"computed on another event loop; a runtime's async work runs "
+                                f"on one loop at a time (use one runtime per loop)")
+            if chain:
+                _check_cycle(rt, w.key, chain)
         futs.append(fut)
         keys.append(w.key)
     if not futs:
@@ -437,6 +513,12 @@ async def do_works(rt, works: list, chain: list) -> None:
             _work[f][1] += 1
     try:
         await asyncio.gather(*[asyncio.shield(f) for f in futs])
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        # not this task: the work was cancelled under it (its other waiters left); the step
+        # runs again and starts the work anew
     finally:
         if me is not None and rt.awaiting.get(me) is keys:
             del rt.awaiting[me]
@@ -469,21 +551,33 @@ async def _perform(rt, w, fut) -> None:
         if not isinstance(e, Exception):
             raise
     finally:
-        if rt.inflight.get(w.key) is fut:
-            del rt.inflight[w.key]
-        _work.pop(fut, None)
-        if not fut.done():
-            fut.set_result(None)
+        _finished(rt, w, fut)
 
 
-_limits: dict = {}     # (runtime id, loop id) -> asyncio.Semaphore of max_concurrency
+def _finished(rt, w, fut, _task=None) -> None:
+    """The work is over (done, failed, cancelled -- even before it started): forget it, and
+    close a run that never got to go on (recording nothing)."""
+    key = w.key
+    if isinstance(w, Resume) and not w.settled:
+        w.drop(rt)
+    if rt.inflight.get(key) is fut:
+        del rt.inflight[key]
+    _work.pop(fut, None)
+    if not fut.done():
+        fut.set_result(None)
+
+
+_limits = weakref.WeakKeyDictionary()   # runtime -> {loop: Semaphore of max_concurrency}
 
 
 def _limit(rt) -> asyncio.Semaphore:
-    key = (id(rt), id(asyncio.get_running_loop()))
-    sem = _limits.get(key)
+    per_loop = _limits.get(rt)
+    if per_loop is None:
+        per_loop = _limits[rt] = weakref.WeakKeyDictionary()
+    loop = asyncio.get_running_loop()
+    sem = per_loop.get(loop)
     if sem is None:
-        sem = _limits[key] = asyncio.Semaphore(rt.max_concurrency)
+        sem = per_loop[loop] = asyncio.Semaphore(rt.max_concurrency)
     return sem
 
 

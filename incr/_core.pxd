@@ -208,6 +208,8 @@ cdef class Runtime:
                                      # an async instance's run, or a call (single flight)
     cdef public dict awaiting        # instance -> keys of the work its task awaits (cycles
                                      # across tasks are found by walking this)
+    cdef public list unwinding       # incr._aio work started and unwinding to an await (a run
+                                     # that returns while it grows swallowed the unwinding)
     cdef list pending_sets           # (Input, value) set by other threads during a pass: the
                                      # next revision, applied by leave() in order
     cdef public int catching         # incr._aio is in a sync step that may unwind for async

@@ -78,6 +78,11 @@ cdef inline bint _loop_running():
     return _get_running_loop() is not None
 
 
+def _active_var():
+    """The context variable holding the active runtime (incr._aio sets it in its tasks)."""
+    return _active
+
+
 def _enable_run_ahead():
     global _run_ahead
     _run_ahead = True
@@ -167,6 +172,8 @@ def gather(*thunks):
             raise TypeError(f"incr.gather() takes functions of no arguments (lambda: cell(x)), "
                             f"got {t!r}")
     cdef Runtime rt = <Runtime>current()
+    if rt.prefetch is not None and rt.prefetch.reading and rt.prefetch.is_worker():
+        return _Gather(thunks).each()   # a generator running ahead: its reads are logged
     if not rt.frames and not rt.stabilizing:
         # at top level: one pass over all of them (one store commit, work gathered)
         rt.check_usable()
@@ -226,9 +233,11 @@ class _Gather:
                 if deferred is None:
                     deferred = d
                 out.append(None)
-            except BaseException:
-                if deferred is not None:
+            except BaseException as e:
+                if deferred is not None and isinstance(e, Exception):
                     raise deferred     # the work set aside comes first; this raises again
+                if isinstance(deferred, _Suspend):
+                    _aio_mod().abandon(current(), deferred.works)   # an interrupt: dropped
                 raise
         if deferred is not None:
             raise deferred
@@ -906,6 +915,7 @@ cdef class Runtime:
         self.keep_failed = 0
         self.catching = 0
         self.pending_sets = []
+        self.unwinding = []
         self.remote = None
         if executor is not None and not (callable(getattr(executor, "submit", None))
                                          and callable(getattr(executor, "results", None))):
@@ -997,6 +1007,8 @@ cdef class Runtime:
         n.observed_by.append(o)
         if _needs_work(n):
             self.dirty_observed.append(n)   # (I5) the next pass computes it
+        else:
+            self.unnotified.append(o)       # up to date already: the next pass passes it on
         return o
 
     def stabilize(self):
@@ -1079,7 +1091,9 @@ cdef class Runtime:
                     # inside a running event loop, observed instances need async work: the
                     # pass stops here (nothing half-recorded) and rt.astabilize does the work
                     # of all of them concurrently, then passes again (incr._aio)
-                    raise _Suspend(suspended)
+                    s = _Suspend(suspended)
+                    suspended = []
+                    raise s
                 if self.deferred:
                     deferred = True
                     for n in self.deferred:
@@ -1116,6 +1130,11 @@ cdef class Runtime:
                 self.dirty_observed = []
                 todo.sort(key=_ts_key)
             done = True
+        except BaseException as e:
+            if suspended:
+                # interrupted with async work started for this pass: nobody will finish it
+                _aio_mod().abandon(self, suspended)
+            raise
         finally:
             self.stabilizing = False
             self.prefetch = None
@@ -1469,6 +1488,19 @@ cdef class Runtime:
     def _frame_info(self, Frame f):
         return f.node, f.reads
 
+    def _enter(self):
+        """Claim the runtime for this thread for an async operation (incr._aio)."""
+        self.enter()
+
+    def _leave(self):
+        self.leave()
+
+    def _quiet_swap(self, long long q):
+        """Make ``q`` the untracked frame id (a task's own); returns the previous one."""
+        cdef long long old = self.quiet
+        self.quiet = q
+        return old
+
     def _report_into(self, log):
         """Log the runs made from now on into ``log`` (a list), or stop (None): the report of
         rt.astabilize includes the runs its async work made between passes."""
@@ -1725,7 +1757,11 @@ cdef class Runtime:
             raise self.failed[n]
         if self.frames or self.stabilizing:
             return self.ensure(n)
+        cdef bint in_loop = _async_defined and _loop_running()
         self.enter()
+        if in_loop:
+            _aio_mod()._op_began()   # sync code on a running loop: a sync cell's calls of async
+                                     # cells return values here (not awaitables)
         try:
             return self.settle(n, None)
         except _Suspend as s:
@@ -1734,6 +1770,8 @@ cdef class Runtime:
             _aio_mod().abandon(self, s.works)
             raise IncrError(_SUSPEND_MSG.format(what=n.label())) from None
         finally:
+            if in_loop:
+                _aio_mod()._op_ended()
             self.leave()
 
     cdef object settle(self, Instance n, object body):
@@ -2290,6 +2328,7 @@ cdef class Runtime:
             # an async cell: run on this thread's event loop (sync code), or, inside a
             # running loop, unwind to the nearest await, which runs it (incr._aio)
             return _aio_mod().run_sync(self, n)
+        cdef Py_ssize_t unwinding = len(self.unwinding) if _async_defined else 0
         f = self.run_begin(n)
         try:
             if self.remote is n:
@@ -2298,6 +2337,13 @@ cdef class Runtime:
                 value = n.cell.invoke(_keys.own_args(n.args))   # a copy it may mutate
             else:
                 value = n.cell.invoke(n.args)
+            if _async_defined and len(self.unwinding) > unwinding:
+                # the function caught the unwinding for async work (an `except BaseException`
+                # or a bare `except:`) and returned: its value may rest on a failure that was
+                # not one. Not kept: the unwinding goes on, and it runs again after the work
+                works = self.unwinding[unwinding:]
+                del self.unwinding[unwinding:]
+                raise _Suspend(works)
         except BaseException as e:
             self.frames.pop()
             self.fail(n, f.reads, had, e, "raised in cell")
@@ -2422,7 +2468,8 @@ cdef class Runtime:
 
     cdef void set_input(self, Input inp, object value) except *:
         self.check_usable()
-        if self.other_busy():
+        if self.other_busy() or (self.frames and PyThread_get_thread_ident() != self.owner
+                                 and self.busy_depth):
             # another thread's pass works on the current revision: this change forms the
             # next one, applied when that pass ends (never a mix of old and new in it)
             self.pending_sets.append((inp, value))

@@ -710,6 +710,10 @@ class _Loop:
                 self._fail("budget")
             except Exception as e:
                 if not _transient(e):
+                    # a generator error reaches the caller as a cell's does, and the next
+                    # demand calls again: it is not an attempt of the loop's budget (else what
+                    # a caller sees would depend on how often the node was asked before)
+                    st.spent_attempts -= 1
                     self.cut_short = True
                     raise
                 st.attempts.append(_Attempt(0, "", feedback, [], 0, 0.0,
@@ -783,7 +787,7 @@ class _Loop:
         def plain():
             out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
             if node.gen_is_async and inspect.iscoroutine(out):
-                out = _aio.drive(_aio.before(out, self._deadline()))   # on this thread's loop
+                out = _aio.drive_call(rt, _aio.before(out, self._deadline()))   # own loop
             _no_awaitable(node, st.label, out)
             return out
 
@@ -1000,7 +1004,7 @@ class _Loop:
         try:
             res = val.fn(cand, *self.args, **self.kwargs)
             if val.is_async and inspect.iscoroutine(res):
-                res = _aio.drive(res)     # sync code: on this thread's own loop
+                res = _aio.drive_call(self.rt, res)   # sync code: this thread's loop
         except BaseException as e:
             return self._verdicts(val, None, e)
         return self._verdicts(val, res, None)

@@ -1,0 +1,855 @@
+"""Concurrency and async against serial and from-scratch evaluation: a hypothesis state machine.
+
+The graph is drawn once per example: three inputs and 4-8 nodes, each a sync cell, an
+``async def`` cell, a sync ``@incr.llm`` node or an async ``@incr.llm`` node, each reading a
+random subset of the inputs and of the earlier nodes:
+
+- sync cells read their node dependencies with plain calls or with ``incr.gather``;
+- async cells ``await`` them one by one or with ``asyncio.gather(..., return_exceptions=True)``
+  (then raise the first failure in dependency order, so the outcome does not depend on which
+  task finished first); a sync dependency is read with ``dep.aget()`` or, sometimes, with a
+  plain call (which unwinds and redoes the body when the sync cell needs async work);
+- an LLM node's generator and validator read the same dependencies and compute
+  ``t = (sum + i) % mod``; the accepted candidate is ``want(t)``; the validator NACKs every
+  other candidate. The generator first returns a "draft" (always NACKed, then it answers
+  right) for some t, unless the counterexample for that t is already a regression case;
+  for one "hopeless" t it never answers right (``NotAccepted``); for the "boom" t it raises
+  ``Boom`` after its reads. Each model call ends with ``asyncio.sleep(0)`` / ``time.sleep(0)``.
+- cells raise ``Boom`` when their value is their "boom" value.
+
+Three runtimes see the same steps: (1) ``max_workers=4`` driven by ``rt.stabilize()``,
+``await rt.astabilize()``, top-level ``await node()`` / ``node.aget()`` /
+``asyncio.gather`` of several demands, and by ``astabilize()`` tasks cancelled at a random
+point; (2) ``max_workers=1`` driven only by plain sync ``stabilize()`` and calls; (3) a
+plain recursive evaluation of the graph from the inputs (pure Python, no incr).
+
+After every step: ``rt._check()`` on (1) and (2); every observed value (or the type of its
+error) agrees between (1), (2) and (3) (while halted, a node may instead fail with
+``NotAccepted("halted")``); NotAccepted reasons, node states, what stabilize recomputed and
+the model calls (generator calls past their reads, validator calls) agree between (1) and
+(2). A cancelled ``astabilize()`` on (1) is a step (2) does not take (cancellation records
+nothing); the model calls it made count as an allowance: from then on (1) may have made more
+calls than (2) per node, by at most the calls completed or cancelled inside cancelled passes,
+never fewer. Every call started was completed or cancelled (none left running).
+
+Sized for CI: INCR_PROPERTY_EXAMPLES (default 40) examples of up to INCR_PROPERTY_STEPS
+(default 20) steps; failures are not shrunk unless INCR_PROPERTY_SHRINK=1 (shrinking can outlast
+the 300 s watchdog of conftest.py). INCR_ASYNC_IGNORE (below) skips known bugs. The plain tests
+at the end of the file are minimal reproductions of the bugs the machine found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import time
+from collections import Counter
+
+import pytest
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import incr
+from incr.errors import NotAccepted
+
+N_INPUTS = 3
+KINDS = ("sync", "async", "llm", "allm")
+MAX_ATTEMPTS = 3
+# INCR_ASYNC_IGNORE="await-in-generator,stabilize-outside-with,read-in-child-task,
+# generator-error-spends-budget,gather-in-generator" stops
+# exercising the known bugs that the plain tests at the end of this file reproduce (async
+# generators and validators then read async dependencies with `await dep.aget()` only;
+# stabilize()/astabilize() run inside `with rt:`; a sync dependency read under asyncio.gather is
+# read with aget(), not by a plain call in a child task; LLM generators never raise; sync
+# generators and validators read with plain calls, not incr.gather), so that a run can look for others. By
+# default everything is exercised.
+KNOWN_BUGS = set(os.environ.get("INCR_ASYNC_IGNORE", "").split(","))
+
+
+class Boom(Exception):
+    pass
+
+
+def _active(rt, fn):
+    """``fn()`` -- a stabilize -- as the API shows it, on no active runtime; inside ``with rt:``
+    when the known bug test_observed_async_cell_awaiting_an_async_node_outside_with
+    reproduces is ignored (INCR_ASYNC_IGNORE=stabilize-outside-with)."""
+    if "stabilize-outside-with" not in KNOWN_BUGS:
+        return fn()
+    with rt:
+        return fn()
+
+
+def want(t):
+    return (t * 5 + 1) % 9
+
+
+# -- the graph --------------------------------------------------------------------------------
+
+
+@st.composite
+def graphs(draw):
+    n = draw(st.integers(4, 8))
+    nodes = []
+    for i in range(n):
+        pool = [("in", k) for k in range(N_INPUTS)] + [("node", j) for j in range(i)]
+        nodes.append({
+            "kind": draw(st.sampled_from(KINDS)),
+            "deps": draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True)),
+            "mod": draw(st.sampled_from([3, 4, 5, 7])),
+            "boom": draw(st.sampled_from([None, None, 0, 2])),
+            "hopeless": draw(st.sampled_from([None, None, 1, 3])),
+            "draft": draw(st.sampled_from([None, 0, 1])),      # t % 2 == draft: draft first
+            "gather": draw(st.booleans()),      # incr.gather / asyncio.gather, else one by one
+            "plain_sync": draw(st.booleans()),  # async bodies read sync deps with a plain call
+            "avalid": draw(st.booleans()),      # an async LLM node's validator is async
+            "acall": draw(st.booleans()),       # an async generator/validator reads an async
+                                                # dependency with `await dep()`, else aget()
+        })
+    return nodes
+
+
+def scratch(spec, values):
+    """The graph evaluated from the inputs in plain Python: node -> ("ok", v) | ("err", type)."""
+    out = []
+    for i, p in enumerate(spec):
+        total, err = 0, None
+        for kind, j in p["deps"]:
+            if kind == "in":
+                total += values[j]
+            elif out[j][0] == "err":
+                err = out[j]
+                break
+            else:
+                total += out[j][1]
+        if err is not None:
+            out.append(err)
+            continue
+        t = (total + i) % p["mod"]
+        if p["kind"] in ("sync", "async"):
+            out.append(("err", "Boom") if t == p["boom"] else ("ok", t))
+        elif t == p["boom"] and "generator-error-spends-budget" not in KNOWN_BUGS:
+            out.append(("err", "Boom"))
+        elif t == p["hopeless"]:
+            out.append(("err", "NotAccepted"))
+        else:
+            out.append(("ok", want(t)))
+    return out
+
+
+class Graph:
+    """One runtime with the graph built on it, and what its model calls did."""
+
+    def __init__(self, spec, values, workers):
+        self.spec = spec
+        rt = self.rt = incr.Runtime(max_workers=workers)
+        self.inputs = [rt.input(f"x{k}", v) for k, v in enumerate(values)]
+        self.lock = threading.Lock()
+        self.gens = Counter()          # generator calls that got past their reads (completed)
+        self.gen_started = Counter()
+        self.gen_cancelled = Counter()
+        self.vals = Counter()          # validator calls that got past their reads
+        self.val_started = Counter()
+        self.val_cancelled = Counter()
+        self.nodes = []
+        self.observers = {}            # node index -> Observer
+        self.changes = {}              # node index -> values passed to its callback
+        for i, p in enumerate(spec):
+            self.nodes.append(self._make(i, p))
+
+    def count(self, counter, i):
+        with self.lock:
+            counter[i] += 1
+
+    # reading dependencies, the five ways
+    def _read_sync(self, p, in_llm=False):
+        deps = [(lambda j=j: self.inputs[j].get()) if k == "in" else (lambda j=j: self.nodes[j]())
+                for k, j in p["deps"]]
+        if in_llm and "gather-in-generator" in KNOWN_BUGS:
+            return sum(d() for d in deps)
+        if p["gather"] and any(k == "node" for k, _ in p["deps"]):
+            return sum(incr.gather(*deps))
+        return sum(d() for d in deps)
+
+    async def _read_async(self, p, in_llm=False):
+        def aw(j):
+            if self.spec[j]["kind"] in ("async", "allm"):
+                if in_llm and (not p["acall"] or "await-in-generator" in KNOWN_BUGS):
+                    return self.nodes[j].aget()
+                return self.nodes[j]()
+            if p["plain_sync"] and not (p["gather"] and "read-in-child-task" in KNOWN_BUGS):
+                # under asyncio.gather this coroutine runs as a task of its own
+                async def plain():
+                    return self.nodes[j]()
+                return plain()
+            return self.nodes[j].aget()
+        if p["gather"]:
+            got = await asyncio.gather(
+                *[aw(j) for k, j in p["deps"] if k == "node"], return_exceptions=True)
+            it = iter(got)
+            total = 0
+            for k, j in p["deps"]:
+                if k == "in":
+                    total += self.inputs[j].get()
+                else:
+                    v = next(it)
+                    if isinstance(v, BaseException):
+                        raise v
+                    total += v
+            return total
+        total = 0
+        for k, j in p["deps"]:
+            total += self.inputs[j].get() if k == "in" else await aw(j)
+        return total
+
+    def _make(self, i, p):
+        name = f"n{i}"
+        g = self
+
+        if p["kind"] == "sync":
+            def body():
+                t = (g._read_sync(p) + i) % p["mod"]
+                if t == p["boom"]:
+                    raise Boom(name)
+                return t
+            body.__name__ = body.__qualname__ = name
+            return incr.cell(body)
+
+        if p["kind"] == "async":
+            async def abody():
+                t = (await g._read_async(p) + i) % p["mod"]
+                if t == p["boom"]:
+                    raise Boom(name)
+                return t
+            abody.__name__ = abody.__qualname__ = name
+            return incr.cell(abody)
+
+        def answer(t, feedback):
+            if t == p["boom"] and "generator-error-spends-budget" not in KNOWN_BUGS:
+                raise Boom(name)
+            if t == p["hopeless"]:
+                return 5000 + 10 * len(feedback) + t
+            known = any(f.counterexample == ["want", t] or f.counterexample == ("want", t)
+                        for f in feedback)
+            if p["draft"] is not None and t % 2 == p["draft"] and not known:
+                return 1000 + t
+            return want(t)
+
+        def verdict(cand, t):
+            if cand == want(t):
+                return incr.ACK("right")
+            return incr.NACK("right", counterexample=("want", t))
+
+        if p["kind"] == "llm":
+            def gen(*, previous=None, feedback=()):
+                t = (g._read_sync(p, True) + i) % p["mod"]
+                out = answer(t, feedback)
+                g.count(g.gen_started, i)
+                time.sleep(0)                       # the model call
+                g.count(g.gens, i)
+                return out
+
+            def check(cand):
+                try:
+                    t = (g._read_sync(p, True) + i) % p["mod"]
+                except (Boom, NotAccepted):
+                    return incr.NACK("right", counterexample=("dep",))
+                g.count(g.val_started, i)
+                g.count(g.vals, i)
+                return verdict(cand, t)
+        else:
+            async def gen(*, previous=None, feedback=()):
+                t = (await g._read_async(p, True) + i) % p["mod"]
+                out = answer(t, feedback)
+                g.count(g.gen_started, i)
+                try:
+                    await asyncio.sleep(0)          # the model call
+                except asyncio.CancelledError:
+                    g.count(g.gen_cancelled, i)
+                    raise
+                g.count(g.gens, i)
+                return out
+
+            if p["avalid"]:
+                async def check(cand):
+                    try:
+                        t = (await g._read_async(p, True) + i) % p["mod"]
+                    except (Boom, NotAccepted):
+                        return incr.NACK("right", counterexample=("dep",))
+                    g.count(g.val_started, i)
+                    try:
+                        await asyncio.sleep(0)
+                    except asyncio.CancelledError:
+                        g.count(g.val_cancelled, i)
+                        raise
+                    g.count(g.vals, i)
+                    return verdict(cand, t)
+            else:
+                def check(cand):
+                    try:
+                        t = (g._read_sync(p, True) + i) % p["mod"]
+                    except (Boom, NotAccepted):
+                        return incr.NACK("right", counterexample=("dep",))
+                    g.count(g.val_started, i)
+                    g.count(g.vals, i)
+                    return verdict(cand, t)
+        gen.__name__ = gen.__qualname__ = name
+        check.__name__ = check.__qualname__ = f"{name}_check"
+        return incr.llm(gen, validators=[incr.validator(check, version="1")], version=name,
+                        budget=incr.Budget(max_attempts=MAX_ATTEMPTS))
+
+    # -- reading outcomes ----------------------------------------------------------------------
+
+    @staticmethod
+    def outcome_of(exc, value=None):
+        if exc is None:
+            return ("ok", value)
+        if isinstance(exc, NotAccepted):
+            return ("err", "NotAccepted", exc.reason)
+        return ("err", type(exc).__name__)
+
+    def observed(self):
+        out = {}
+        for i, o in sorted(self.observers.items()):
+            err = o.error
+            out[i] = self.outcome_of(err) if err is not None else ("ok", o.value)
+        return out
+
+    def state(self, i):
+        if self.spec[i]["kind"] not in ("llm", "allm"):
+            return None
+        try:
+            s = self.rt.state(self.nodes[i])
+        except incr.IncrError:
+            return None
+        return (s.status, s.revision, s.candidate)
+
+    def states(self):
+        return {i: self.state(i) for i in range(len(self.spec))}
+
+
+def _strip(outcome):
+    """The part of an outcome the from-scratch model knows (not NotAccepted's reason)."""
+    return outcome[:2]
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+class AsyncVsSerial(RuleBasedStateMachine):
+
+    @initialize(spec=graphs(), values=st.lists(st.integers(0, 4), min_size=N_INPUTS,
+                                               max_size=N_INPUTS))
+    def build(self, spec, values):
+        self.spec = spec
+        self.values = list(values)
+        self.conc = Graph(spec, values, 4)
+        self.serial = Graph(spec, values, 1)
+        self.allow_gen = Counter()        # calls (1) made in cancelled passes, per node
+        self.allow_val = Counter()
+        self.cancelled_once = False
+        self.halted = False
+        self.clean = False                # the last step was a stabilize that left all ok
+
+    def _both(self, fn):
+        return fn(self.conc), fn(self.serial)
+
+    def _same(self, what, a, b):
+        assert a == b, f"{what}: concurrent {a!r}, serial {b!r}\nspec={self.spec!r}"
+
+    def _vs_scratch(self, what, got: dict):
+        want_ = scratch(self.spec, self.values)
+        for i, out in got.items():
+            if self.halted and out[:3] == ("err", "NotAccepted", "halted"):
+                continue
+            assert _strip(out) == want_[i], (
+                f"{what}: n{i} is {out!r}, from scratch {want_[i]!r}; inputs {self.values}"
+                f"\nspec={self.spec!r}")
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    @rule(k=st.integers(0, N_INPUTS - 1), v=st.integers(0, 4))
+    def set_input(self, k, v):
+        self.values[k] = v
+        self._both(lambda g: g.inputs[k].set(v))
+        self.clean = False
+
+    @rule(vs=st.lists(st.integers(0, 4), min_size=N_INPUTS, max_size=N_INPUTS))
+    def set_in_batch(self, vs):
+        self.values = list(vs)
+
+        def step(g):
+            with g.rt.batch():
+                for inp, v in zip(g.inputs, vs):
+                    inp.set(v)
+        self._both(step)
+        self.clean = False
+
+    # -- observers -----------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def observe(self, data):
+        i = data.draw(st.integers(0, len(self.spec) - 1), label="observe")
+        if i in self.conc.observers:
+            return
+
+        def step(g):
+            obs = g.rt.observe(g.nodes[i])
+            g.observers[i] = obs
+            g.changes[i] = []
+            obs.on_change(g.changes[i].append)
+        self._both(step)
+        self.clean = False
+
+    @rule(data=st.data())
+    def unobserve(self, data):
+        if not self.conc.observers:
+            return
+        i = data.draw(st.sampled_from(sorted(self.conc.observers)), label="unobserve")
+
+        def step(g):
+            g.observers.pop(i).stop()
+            g.changes.pop(i)
+        self._both(step)
+
+    # -- halting ---------------------------------------------------------------------------------
+
+    @rule()
+    def halt(self):
+        self._both(lambda g: g.rt.halt("operator"))
+        self.halted = True
+        self.clean = False
+
+    @rule()
+    def resume(self):
+        self._both(lambda g: g.rt.resume())
+        self.halted = False
+        self.clean = False
+
+    # -- stabilizing -------------------------------------------------------------------------
+
+    def _stabilize_serial(self):
+        return self._stab(self.serial, lambda: _active(self.serial.rt, self.serial.rt.stabilize))
+
+    @staticmethod
+    def _stab(g, fn):
+        before = (Counter(g.gens), Counter(g.vals))
+        try:
+            report = fn()
+            raised = None
+        except BaseException as e:    # noqa: BLE001 -- compared below
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            report, raised = None, e
+        calls = (g.gens - before[0], g.vals - before[1])
+        return report, raised, calls
+
+    def _after_stabilize(self, what, rc, rs):
+        (rep_c, exc_c, calls_c), (rep_s, exc_s, calls_s) = rc, rs
+        obs_c, obs_s = self.conc.observed(), self.serial.observed()
+        self._same(f"{what}: observed", obs_c, obs_s)
+        self._vs_scratch(what, obs_c)
+        for g, exc, obs in ((self.conc, exc_c, obs_c), (self.serial, exc_s, obs_s)):
+            if exc is None:
+                assert all(o[0] == "ok" for o in obs.values()), (what, obs)
+            else:
+                # stabilize raises one of the observed instances' errors
+                assert not isinstance(exc, AssertionError), exc
+                kinds = {o[1] for o in obs.values() if o[0] == "err"}
+                name = type(exc).__name__
+                if name not in kinds and not isinstance(exc, BaseExceptionGroup):
+                    raise AssertionError(f"{what}: stabilize raised {exc!r}, observed {obs}")
+            # the last value passed to a callback is the current value (an instance that
+            # already had its value when observed gets no callback until it changes)
+            for i, o in obs.items():
+                if o[0] == "ok" and g.changes[i]:
+                    assert g.changes[i][-1] == o[1], (
+                        f"{what}: n{i} is {o[1]!r}, its callbacks got {g.changes[i]!r}")
+        if rep_c is not None and rep_s is not None:
+            self._same(f"{what}: recomputed", sorted(rep_c.recomputed), sorted(rep_s.recomputed))
+            self._same(f"{what}: cut off", sorted(rep_c.cutoff), sorted(rep_s.cutoff))
+        if self.clean:
+            # nothing changed since a stabilize that left everything up to date
+            for rep, calls in ((rep_c, calls_c), (rep_s, calls_s)):
+                assert rep is not None and rep.recomputed == [], (what, rep and rep.recomputed)
+                assert not calls[0] and not calls[1], (what, calls)
+        self.clean = exc_c is None and exc_s is None and not self.halted
+        if not self.cancelled_once:
+            self._same(f"{what}: callbacks", self.conc.changes, self.serial.changes)
+
+    @rule()
+    def stabilize_sync(self):
+        rc = self._stab(self.conc, lambda: _active(self.conc.rt, self.conc.rt.stabilize))
+        self._after_stabilize("stabilize()", rc, self._stabilize_serial())
+
+    @rule()
+    def astabilize(self):
+        async def main():
+            return await _active(self.conc.rt, self.conc.rt.astabilize)
+        rc = self._stab(self.conc, lambda: asyncio.run(main()))
+        self._after_stabilize("astabilize()", rc, self._stabilize_serial())
+
+    @rule(k=st.integers(0, 6), how=st.sampled_from(["cancel", "wait_for"]))
+    def cancelled_astabilize(self, k, how):
+        g = self.conc
+        before = (Counter(g.gen_started), Counter(g.val_started))
+        box = {}
+
+        async def main():
+            task = asyncio.ensure_future(_active(g.rt, g.rt.astabilize))
+            if how == "wait_for":
+                try:
+                    # timeout=0: cancelled before its first step (a real timeout would make
+                    # the example depend on the machine's speed)
+                    box["report"] = await asyncio.wait_for(task, timeout=0)
+                except asyncio.TimeoutError:
+                    box["cancelled"] = True
+                return
+            for _ in range(k):
+                await asyncio.sleep(0)
+            if task.done():
+                box["report"] = task.result()
+                return
+            task.cancel()
+            try:
+                box["report"] = await task
+            except asyncio.CancelledError:
+                box["cancelled"] = True
+
+        rc = self._stab(g, lambda: asyncio.run(main()))
+        rc = (box.get("report"),) + rc[1:]
+        if not box.get("cancelled"):
+            # it finished before the cancellation: an ordinary pass, taken by both
+            self._after_stabilize("astabilize() (not cancelled)", rc, self._stabilize_serial())
+            return
+        self.cancelled_once = True
+        self.clean = False
+        self.allow_gen += g.gen_started - before[0]
+        self.allow_val += g.val_started - before[1]
+        assert rc[1] is None or isinstance(rc[1], asyncio.CancelledError), rc[1]
+
+    # -- top-level demands ---------------------------------------------------------------------
+
+    def _demand_serial(self, idx):
+        g = self.serial
+        out = {}
+        with g.rt:
+            for i in idx:
+                try:
+                    out[i] = ("ok", g.nodes[i]())
+                except Exception as e:    # noqa: BLE001
+                    out[i] = g.outcome_of(e)
+        return out
+
+    def _compare_demand(self, what, got_c, got_s):
+        self._same(what, got_c, got_s)
+        self._vs_scratch(what, got_c)
+        self.clean = False
+
+    @rule(data=st.data(), how=st.sampled_from(["await", "aget", "sync", "incr.gather"]))
+    def demand(self, data, how):
+        i = data.draw(st.integers(0, len(self.spec) - 1), label="demand")
+        g = self.conc
+        node = g.nodes[i]
+        awaitable = self.spec[i]["kind"] in ("async", "allm")
+
+        async def main():
+            with g.rt:
+                return await (node() if how == "await" and awaitable else node.aget())
+
+        def run():
+            if how in ("await", "aget"):
+                return asyncio.run(main())
+            with g.rt:
+                if how == "sync":
+                    return node()
+                return incr.gather(lambda: node())[0]
+        try:
+            got = ("ok", run())
+        except Exception as e:    # noqa: BLE001
+            got = g.outcome_of(e)
+        self._compare_demand(f"demand n{i} ({how})", {i: got}, self._demand_serial([i]))
+
+    @rule(idx=st.lists(st.integers(0, 7), min_size=2, max_size=4, unique=True))
+    def demand_together(self, idx):
+        idx = [i for i in idx if i < len(self.spec)]
+        g = self.conc
+
+        async def main():
+            with g.rt:
+                return await asyncio.gather(*[g.nodes[i].aget() for i in idx],
+                                            return_exceptions=True)
+        got = asyncio.run(main())
+        out = {}
+        for i, v in zip(idx, got):
+            out[i] = g.outcome_of(v) if isinstance(v, BaseException) else ("ok", v)
+        self._compare_demand(f"asyncio.gather of {idx}", out, self._demand_serial(idx))
+
+    # -- after every step ----------------------------------------------------------------------
+
+    @invariant()
+    def consistent(self):
+        if not hasattr(self, "conc"):
+            return
+        self.conc.rt._check()
+        self.serial.rt._check()
+        c, s = self.conc, self.serial
+        # every call started was completed or cancelled: none is left running
+        for started, done, cancelled, what in (
+                (c.gen_started, c.gens, c.gen_cancelled, "generator"),
+                (c.val_started, c.vals, c.val_cancelled, "validator")):
+            assert started == done + cancelled, (what, started, done, cancelled)
+        for what, mine, ref, allow in (("generator calls", c.gens, s.gens, self.allow_gen),
+                                       ("validator calls", c.vals, s.vals, self.allow_val)):
+            for i in range(len(self.spec)):
+                extra = mine[i] - ref[i]
+                assert 0 <= extra <= allow[i], (
+                    f"{what} of n{i}: concurrent {mine[i]}, serial {ref[i]}, "
+                    f"cancelled passes started {allow[i]}\nspec={self.spec!r}")
+        if not self.cancelled_once:
+            self._same("node states", c.states(), s.states())
+
+
+AsyncVsSerial.TestCase.settings = settings(
+    max_examples=int(os.environ.get("INCR_PROPERTY_EXAMPLES", "40")),
+    stateful_step_count=int(os.environ.get("INCR_PROPERTY_STEPS", "20")),
+    deadline=None,
+    # shrinking a failure of this machine can outlast conftest's 300 s watchdog: opt in
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    + ([Phase.shrink] if os.environ.get("INCR_PROPERTY_SHRINK") == "1" else []),
+    report_multiple_bugs=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                           HealthCheck.data_too_large],
+)
+TestAsyncVsSerial = AsyncVsSerial.TestCase
+# Open (issue 11): in some graphs an async LLM node with an async validator ends
+# NotAccepted("unknown") concurrently where the serial run ends "oscillation" (found by this
+# machine, not yet shrunk); the other discrepancies it found are fixed and pinned below.
+TestAsyncVsSerial = pytest.mark.xfail(
+    reason="open: an async validator's verdict differs from the serial run in some graphs "
+           "(UNKNOWN vs oscillation), not yet shrunk", strict=False)(TestAsyncVsSerial)
+
+
+# -- minimal reproductions of the bugs the machine found ----------------------------------------
+#
+# Each fails on the commit it was written against (d56be9a); the machine above exercises the
+# same paths by default (INCR_ASYNC_IGNORE turns them off to look for other bugs).
+
+
+def test_await_of_an_async_node_inside_an_async_generator():
+    """An async generator that reads another async LLM node (or async cell) with
+    ``await node()`` -- the way an async cell reads it -- gets the plain value back
+    (``TypeError: object int can't be used in 'await' expression``) for an LLM node, and
+    ``IncrError: ... in flight with nobody to finish it (an internal error)`` for an async
+    cell; from sync code, ``IncrError: ... sync code running inside an event loop``.
+    ``await node.aget()`` works, and so does the same generator under stabilize().
+    Guess: ``_aio.call`` treats a call as async code only when the innermost frame is an
+    ``async def`` *cell*; the pseudo-frame of an async generator/validator call (``Call.do``)
+    belongs to the LLM node, whose cell is not ``is_async``, so the call demands
+    synchronously inside the running loop."""
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+
+    @incr.llm(version="a")
+    async def a(*, previous=None, feedback=()):
+        v = x.get()
+        await asyncio.sleep(0)
+        return v
+
+    @incr.llm(version="b")
+    async def b(*, previous=None, feedback=()):
+        v = await a()
+        await asyncio.sleep(0)
+        return v + 1
+
+    async def main():
+        with rt:
+            return await b()
+
+    assert asyncio.run(main()) == 2
+    rt._check()
+
+
+def test_await_of_an_async_cell_inside_an_async_generator():
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+
+    @incr.cell
+    async def c():
+        await asyncio.sleep(0)
+        return x.get()
+
+    @incr.llm(version="b")
+    async def b(*, previous=None, feedback=()):
+        v = await c()
+        await asyncio.sleep(0)
+        return v + 1
+
+    async def main():
+        with rt:
+            return await b.aget()
+
+    assert asyncio.run(main()) == 2
+    rt._check()
+
+
+def test_observed_async_cell_awaiting_an_async_node_outside_with():
+    """The first stabilize() (or astabilize()) of an observed async cell that awaits an async
+    LLM node fails with ``AttributeError: 'NoneType' object has no attribute 'label_text'``
+    (llmnodes._node_of) -- unless the call is made inside ``with rt:``. A warm instance
+    (computed before) is fine. Guess: the LLM loop takes its runtime from ``incr.current()``
+    (``_Loop.__init__``), and the task that resumes the async cell's run does not have ``rt``
+    as the active runtime when stabilize() is called outside ``with rt:``, so the loop looks
+    at the default runtime, whose running stack is empty."""
+    for how in ("stabilize", "astabilize"):
+        rt = incr.Runtime()
+
+        @incr.llm(version="a")
+        async def a(*, previous=None, feedback=()):
+            await asyncio.sleep(0)
+            return 1
+
+        @incr.cell
+        async def c():
+            return await a()
+
+        obs = rt.observe(c)
+        if how == "stabilize":
+            rt.stabilize()
+        else:
+            async def main():
+                await rt.astabilize()
+            asyncio.run(main())
+        assert obs.error is None and obs.value == 1, (how, obs.error)
+        rt._check()
+
+
+@pytest.mark.xfail(strict=True, reason="open: reads made in a task that an async cell spawns "
+                   "itself (asyncio.gather of a plain coroutine that reads an input) are not "
+                   "recorded -- frames are stepped per incr computation, not per asyncio task; "
+                   "read through an incr cell (await cell()) meanwhile")
+def test_a_read_in_a_child_task_of_an_async_cell_is_a_dependency():
+    """An async cell that reads an input (or calls a sync cell) in a coroutine it runs under
+    ``asyncio.gather`` (a task of its own) does not record the read: after the input changes
+    the cell keeps its old value for ever, with no error. Reading the same coroutine with a
+    plain ``await`` (same task) is tracked. Guess: the running frame stack is swapped in by
+    ``_Stepper`` only around the steps of the cell's own coroutine; a child task steps outside
+    it, so its reads land on the (empty) top-level stack and are taken as untracked top-level
+    reads. (Recording them, or refusing them with an error, would both be sound; silently
+    dropping them is not.)"""
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+
+    @incr.cell
+    def s():
+        return x.get()
+
+    async def read_input():
+        return x.get()
+
+    async def read_cell():
+        return s()
+
+    @incr.cell
+    async def c1():
+        return (await asyncio.gather(read_input()))[0]
+
+    @incr.cell
+    async def c2():
+        return (await asyncio.gather(read_cell()))[0]
+
+    async def main():
+        with rt:
+            assert (await c1(), await c2()) == (1, 1)
+            x.set(2)
+            return await c1(), await c2()
+
+    assert asyncio.run(main()) == (2, 2)
+    rt._check()
+
+
+def test_a_callback_gets_the_value_of_an_instance_observed_warm():
+    """Spec question rather than a crash: the commit that made observe lazy says "Callbacks
+    get every value the observer has not passed on, the first one included", and an observer
+    of a cold instance does get its first value at the next stabilize(). An observer of an
+    instance that was already computed (a top-level demand before rt.observe) never gets it:
+    its callbacks stay silent until the value changes -- in both max_workers=1 and 4, sync and
+    async. Either the callback should get the current value at the first stabilize, or the
+    docs should say that only a computation after observe is passed on."""
+    rt = incr.Runtime()
+    x = rt.input("x", 0)
+
+    @incr.cell
+    def n0():
+        return x.get()
+
+    with rt:
+        n0()
+    obs = rt.observe(n0)
+    seen = []
+    obs.on_change(seen.append)
+    rt.stabilize()
+    assert obs.value == 0
+    assert seen == [0]
+
+
+def test_a_generator_error_is_raised_again_at_every_demand():
+    """Found as a difference between the runtimes: the same graph and the same steps, where
+    one runtime demanded a failing node a few more times (separate top-level demands rather
+    than one asyncio.gather), ends with ``NotAccepted("budget")`` where the other (and the
+    from-scratch model) raise the generator's ``Boom``. A generator exception that is not a
+    transport error "propagates as a cell's does" (api.md), and a failed cell "runs again at
+    its next demand"; here every separate demand spends an attempt of the budget, and after
+    ``max_attempts`` demands the node stops calling the generator and turns the error into
+    ``NotAccepted(reason="budget")`` -- so the error a caller sees depends on how many
+    times the node was asked before, not on the inputs. Possibly intended (the budget caps
+    generator calls); then api.md should say so. Guess: _Loop counts the raising call in
+    ``spent_attempts`` and the budget window is not reopened because nothing it read changed."""
+    rt = incr.Runtime(max_workers=1)
+
+    @incr.llm(version="a", budget=incr.Budget(max_attempts=3))
+    def a(*, previous=None, feedback=()):
+        raise Boom("a")
+
+    seen = []
+    with rt:
+        for _ in range(4):
+            try:
+                a()
+            except Exception as e:    # noqa: BLE001
+                seen.append(type(e).__name__)
+    rt._check()
+    assert seen == ["Boom"] * 4, seen
+
+
+def test_incr_gather_inside_a_generator_run_ahead_by_a_top_level_gather():
+    """With ``max_workers`` > 1, a top-level ``incr.gather(lambda: b())`` of a sync LLM node
+    whose generator itself reads with ``incr.gather`` raises ``IncrError: this incr.Runtime is
+    computing in another thread``; ``b()`` alone, or ``max_workers=1``, give the value. Guess:
+    the top-level gather runs b's generator ahead in a worker thread, and the nested
+    ``incr.gather`` there does not see that it is inside a worker (it claims the runtime as a
+    top-level gather, or starts rounds of its own) instead of logging its reads as a worker's
+    other reads are."""
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", 1)
+
+    @incr.cell
+    def c():
+        return x.get()
+
+    @incr.llm(version="b")
+    def b(*, previous=None, feedback=()):
+        return incr.gather(lambda: c())[0] + 1
+
+    with rt:
+        assert incr.gather(lambda: b()) == [2]
+    rt._check()
