@@ -680,7 +680,10 @@ cdef class Runtime:
     """
 
     def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None,
-                 executor=None):
+                 executor=None, durability="group"):
+        if durability not in ("group", "sync"):
+            raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
+                             f"{durability!r:.80}")
         if hash not in ("xxh3_128", "blake2b"):
             raise ValueError(f"Runtime: hash must be 'xxh3_128' or 'blake2b', got {hash!r}")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
@@ -722,7 +725,7 @@ cdef class Runtime:
                             f"incr.adapters.dask and incr.adapters.ray), got {executor!r}")
         self.executor = executor
         if store is not None:
-            self.store = Store(store, max_bytes=max_bytes)
+            self.store = Store(store, max_bytes=max_bytes, durability=durability)
 
     # -- the public surface ---------------------------------------------------------------
 
@@ -1236,9 +1239,10 @@ cdef class Runtime:
         return self.value_hash(n)
 
     def _commit(self):
-        """Commit what the store has buffered (no-op in memory)."""
+        """Commit what the store has buffered, durably whatever the durability (no-op in
+        memory)."""
         if self.store is not None and not self.frames and not self.stabilizing:
-            self.flush(False)
+            self.store.commit()
 
     def _store_node(self, bytes ikey):
         return self.store.node(ikey)
@@ -1841,13 +1845,15 @@ cdef class Runtime:
         return out
 
     cdef void flush(self, bint quiet) except *:
+        # the end of a top-level demand or pass: commit now ("sync") or within the group
+        # interval ("group", see Store.commit_due)
         if quiet:
             try:
-                self.store.commit()
+                self.store.commit_due()
             except Exception:
                 pass
         else:
-            self.store.commit()
+            self.store.commit_due()
 
     cdef bint run_in_stack(self, Instance m, bint bottom) except -1:
         # Run m from a verification stack. A failure of an instance that is not the one

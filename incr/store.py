@@ -44,6 +44,7 @@ handles it opened itself.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -79,6 +80,10 @@ USAGE = struct.Struct(">QQ")       # hits, last run that wrote or took the entry
 LOG_KEY = struct.Struct(">QI")    # run, sequence
 FOLD_AT = 64                      # log entries that make a commit fold the log into ``used``
 FOLD_SLACK_PAGES = 64             # ... or log pages beyond a quarter of the entries' + this
+DURABILITY = ("group", "sync")    # Runtime(durability=...): the first is the default
+GROUP_INTERVAL = 0.05             # "group": seconds a result may wait in memory before its commit
+GROUP_RECORDS = 2000              # ... or records (or GROUP_BYTES of them) that commit at once
+GROUP_BYTES = 16 << 20
 
 
 def _usage(v: bytes | None) -> tuple[int, int]:
@@ -299,7 +304,13 @@ class Store:
     environment raises StoreError. So no thread ever uses a handle another thread freed."""
 
     def __init__(self, path: Any, *, max_bytes: int | None = None, count_run: bool = True,
-                 create: bool = True):
+                 create: bool = True, durability: str = "group"):
+        if durability not in DURABILITY:
+            raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
+                             f"{durability!r:.80}")
+        self.durability = durability
+        self.interval = GROUP_INTERVAL     # (read once: tests set the module constants first)
+        self.group_records = GROUP_RECORDS
         self.path = store_path(path)
         self.max_bytes = max_bytes
         self.count_run = count_run
@@ -314,12 +325,24 @@ class Store:
         self.cursor = None               # a cursor of that transaction on ``entries``
         self._ops = None                 # its bound methods (see pass_cursor)
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
-        self._cond = threading.Condition(threading.RLock())
+        self._lk = threading.RLock()     # _cond's lock (taken directly where it is hot)
+        self._cond = threading.Condition(self._lk)
         self._users: dict[int, int] = {} # thread ident -> transactions of ours it has open
         self._pass_thread: int | None = None
+        self._parked = False             # "group": the pass outlives its top-level demand (its
+        self._pass_began = 0.0           # thread uses no cursor until unparked, see pass_ops)
         self._draining = 0               # commit/close waiting for other threads' transactions
         self._unlock = None              # releases the shared flock on incr.lock
-        self._open()
+        # group commit: the buffers are swapped under _buf_lock (writers from another thread
+        # append under it); _since is when the oldest uncommitted result was buffered (None:
+        # nothing waits), guarded by _timer, which the commit thread waits on
+        self._buf_lock = threading.Lock()
+        self._pending_bytes = 0
+        self._since: float | None = None
+        self._timer = threading.Condition(threading.Lock())
+        self._timer_thread: threading.Thread | None = None
+        self._bg_error: BaseException | None = None   # a background commit's failure, raised
+        self._open()                                   # by the next commit of the runtime
 
     # -- opening --------------------------------------------------------------------------
 
@@ -391,8 +414,11 @@ class Store:
         if os.path.exists(data):
             size = max(size, os.path.getsize(data) * 2)
         try:
+            # "group": the meta page is not flushed by each commit but by the next one (LMDB's
+            # MDB_NOMETASYNC: integrity kept, a power loss may undo the last commit)
             env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
-                            readahead=False, meminit=False, max_readers=256)
+                            readahead=False, meminit=False, max_readers=256,
+                            metasync=self.durability == "sync")
         except lmdb.Error as e:
             raise _explain(path, e, "opening it") from None
         try:
@@ -431,12 +457,31 @@ class Store:
         self.pid = os.getpid()
         _live.add(self)
 
+    def __del__(self) -> None:
+        # a Runtime dropped without close(): what "group" durability still buffers is written
+        try:
+            if (not self.closed and self.env is not None and self.pid == os.getpid()
+                    and self._buffered()):
+                self.commit(wait=1.0)
+        except Exception:
+            pass
+
     def _forget_after_fork(self) -> None:
         """In a fork()ed child (see _after_fork_in_child): drop what belongs to the parent."""
         env, self.env = self.env, None
         self.reader, self.cursor, self._ops = None, None, None
-        self._cond = threading.Condition(threading.RLock())
+        self._lk = threading.RLock()
+        self._cond = threading.Condition(self._lk)
+        # what the parent buffered is the parent's to write (it committed what it could just
+        # before the fork); the commit thread did not cross the fork
+        self._buf_lock = threading.Lock()
+        self._timer = threading.Condition(threading.Lock())
+        self._timer_thread = None
+        self._since, self._bg_error = None, None
+        self.pending, self.pending_nodes = {}, {}
+        self.hit_tags, self.damaged, self._pending_bytes, self.seq = bytearray(), set(), 0, 0
         self._users, self._pass_thread, self._draining = {}, None, 0
+        self._parked = False
         if self._unlock is not None:
             self._unlock()   # our copy of the descriptor: the parent's lock stays
         if env is not None:
@@ -491,16 +536,23 @@ class Store:
                 self._users.pop(me, None)
                 self._cond.notify_all()
 
-    def _drain(self) -> None:
+    def _drain(self, wait: float | None = None) -> bool:
         """Wait until no other thread has a transaction of ours open (call with self._cond
-        held). A thread that ended with one open has abandoned it: it is forgotten."""
+        held). A thread that ended with one open has abandoned it: it is forgotten. With
+        ``wait``: False if they still have one after that many seconds."""
         me = threading.get_ident()
+        end = None if wait is None else time.monotonic() + wait
         self._draining += 1
         try:
             while True:
                 others = [t for t, n in self._users.items() if t != me and n > 0]
+                if others and self._parked and self._pass_thread in others:
+                    self._release_pass()    # parked: its thread is between demands
+                    continue
                 if not others:
-                    return
+                    return True
+                if end is not None and time.monotonic() >= end:
+                    return False
                 alive = {t.ident for t in threading.enumerate()}
                 for t in others:
                     if t not in alive:
@@ -533,6 +585,8 @@ class Store:
         """Commit nothing (the runtime commits first), apply max_bytes, close the environment.
         From another thread: waits until that thread's transaction or pass has ended.
         Idempotent."""
+        with self._timer:
+            self._timer.notify_all()        # the commit thread sees `closed` and ends
         with self._cond:
             if self.closed:
                 return
@@ -565,10 +619,67 @@ class Store:
     def pass_ops(self) -> tuple | None:
         """The pass's cursor methods (see pass_cursor), for the thread that began the pass;
         None for any other (it must call pass_cursor), and in a forked child (the fork
-        handler forgets the pass). Read before every lookup: kept cheap."""
+        handler forgets the pass). Read before every lookup: kept cheap. A parked pass is
+        unparked first (or ended, and None returned, if it is older than the interval)."""
         if self._pass_thread == threading.get_ident():
+            if self._parked:
+                return self._unpark()
             return self._ops
         return None
+
+    def _unpark(self) -> tuple | None:
+        with self._lk:
+            if not self._parked or self._pass_thread != threading.get_ident():
+                return None                 # released by a commit of another thread
+            self._parked = False
+            if time.monotonic() - self._pass_began > self.interval:
+                self.end_pass()             # a newer snapshot: what others wrote since
+                return None
+            return self._ops
+
+    def park_pass(self) -> None:
+        """The end of a top-level demand ("group"): keep the pass's read transaction for the
+        next demand of this thread, if it is younger than the interval; otherwise end it. A
+        parked pass is ended by a commit (of any thread), by close, and by the commit thread
+        once it is older than the interval."""
+        if self.reader is None or self._pass_thread != threading.get_ident():
+            return
+        if time.monotonic() - self._pass_began > self.interval:
+            self.end_pass()
+            return
+        self._parked = True
+        if self._draining:                  # a commit of another thread waits for it
+            with self._cond:
+                self._cond.notify_all()
+
+    def _commit_from_timer(self) -> None:
+        """The interval is over: end a parked pass, commit what is buffered."""
+        with self._cond:
+            if self._parked and self.reader is not None:
+                self._release_pass()
+            with self._timer:
+                if not self._buffered():
+                    self._since = None
+        self.commit()
+
+    def _release_pass(self) -> None:
+        """End the pass (call with _cond held): its own thread's, or a parked one."""
+        reader = self.reader
+        owner = self._pass_thread
+        self.reader, self.cursor, self._ops = None, None, None
+        self._pass_thread = None
+        self._parked = False
+        if os.getpid() == self.pid and reader is not None:
+            try:
+                reader.abort()
+            except lmdb.Error:
+                pass
+        n = self._users.get(owner, 0) - 1
+        if n > 0:
+            self._users[owner] = n
+        else:
+            self._users.pop(owner, None)
+        self._cond.notify_all()
 
     def pass_cursor(self) -> tuple:
         """The methods set_range, key, value and next of a cursor on ``entries`` in the pass's
@@ -588,6 +699,8 @@ class Store:
             # claimed first, so that an interrupt (Ctrl-C lands at any bytecode) never leaves
             # a reader that no thread owns
             self._pass_thread = me
+            self._parked = False
+            self._pass_began = time.monotonic()
             try:
                 self.reader = _begin(env, db=self.entries, buffers=False)  # adopts a grown map
                 self.cursor = self.reader.cursor()
@@ -624,7 +737,9 @@ class Store:
             return txn.get(ikey)
 
     def put_node(self, ikey: bytes, record: bytes) -> None:
-        self.pending_nodes[ikey] = record
+        with self._buf_lock:
+            self.pending_nodes[ikey] = record
+            self._pending_bytes += len(record)
 
     def end_pass(self) -> None:
         """Close the pass's read transaction (before a commit, and at the end of a pass).
@@ -632,15 +747,7 @@ class Store:
         with self._cond:
             if self.reader is None or self._pass_thread != threading.get_ident():
                 return
-            reader = self.reader
-            self.reader, self.cursor, self._ops = None, None, None
-            self._pass_thread = None
-            if os.getpid() == self.pid:
-                try:
-                    reader.abort()
-                except lmdb.Error:
-                    pass
-            self._leave()
+            self._release_pass()
 
     def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
         """Every entry: (key, record or None if damaged, size in bytes)."""
@@ -711,7 +818,9 @@ class Store:
     # -- writing --------------------------------------------------------------------------
 
     def put(self, key: bytes, record: bytes) -> None:
-        self.pending[key] = record
+        with self._buf_lock:
+            self.pending[key] = record
+            self._pending_bytes += len(record)
 
     def hit(self, key: bytes) -> None:
         """Count one hit of the entry ``key`` (the runtime appends to ``hit_tags`` itself)."""
@@ -720,14 +829,57 @@ class Store:
     def _buffered(self) -> bool:
         return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes)
 
-    def commit(self) -> None:
+    def commit_due(self) -> None:
+        """The end of a top-level demand or stabilization. "sync": commit now. "group": end
+        the pass's read transaction, and commit only if the oldest buffered result has waited
+        GROUP_INTERVAL or GROUP_RECORDS (GROUP_BYTES) are buffered; otherwise the commit
+        thread commits them when the interval is over (and close, exit and fork do)."""
+        if self.durability == "sync" or self._bg_error is not None:
+            self.commit()
+            return
+        now = time.monotonic()
+        if self.reader is not None and self._pass_thread == threading.get_ident():
+            self.park_pass()
+        since = self._since
+        if since is not None:   # (read unlocked: see the end of _write)
+            if (now - since >= self.interval or len(self.pending) >= self.group_records
+                    or self._pending_bytes >= GROUP_BYTES):
+                self.commit()
+            return
+        if not self._parked and not self._buffered():
+            return
+        with self._timer:
+            since = self._since
+            if since is None:
+                if not self._buffered():   # only a parked pass: the thread ends it in time
+                    self._since = self._pass_began
+                else:
+                    self._since = now
+                t = self._timer_thread
+                if t is None or not t.is_alive():
+                    t = self._timer_thread = threading.Thread(
+                        target=_group_committer, args=(weakref.ref(self), self._timer),
+                        name="incr-store-commit", daemon=True)
+                    t.start()
+                self._timer.notify()
+                return
+        if (now - since >= self.interval or len(self.pending) >= self.group_records
+                or self._pending_bytes >= GROUP_BYTES):
+            self.commit()
+
+    def commit(self, wait: float | None = None) -> bool:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
         earlier commits intact) if the disk or the map is full, the store refuses the write or
-        it is closed. Waits until other threads' transactions (a pass) have ended."""
+        it is closed, or if a background commit failed since the last call (see commit_due).
+        Waits until other threads' transactions (a pass) have ended: at most ``wait`` seconds
+        if given, then gives up and returns False (the buffers stay)."""
         with self._cond:
             self.end_pass()
+            err, self._bg_error = self._bg_error, None
+            if err is not None:
+                raise err
             if not self._buffered():
-                return
+                return True
             if self.closed:
                 lost = len(self.pending) + len(self.pending_nodes)
                 self.pending, self.pending_nodes = {}, {}
@@ -735,21 +887,27 @@ class Store:
                 raise StoreError(f"store {self.path} is closed (rt.close() was called, perhaps "
                                  f"by another thread); {lost} results computed since then were "
                                  f"not saved")
-            self._drain()
+            if not self._drain(wait):
+                return False
             env = self._env()    # (reopened in a forked child: the parent's buffers dropped)
             if not self._buffered():
-                return
+                return True
             me = threading.get_ident()
             self._users[me] = self._users.get(me, 0) + 1
             try:
                 self._write(env)
             finally:
                 self._leave()
+            return True
 
     def _write(self, env: lmdb.Environment) -> None:
-        pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
-        nodes = self.pending_nodes
-        self.pending, self.hit_tags, self.damaged, self.pending_nodes = {}, bytearray(), set(), {}
+        with self._buf_lock:
+            pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
+            nodes = self.pending_nodes
+            self.pending, self.hit_tags, self.damaged = {}, bytearray(), set()
+            self.pending_nodes, self._pending_bytes = {}, 0
+        with self._timer:
+            self._since = None
         need = sum(map(len, pending.values())) + sum(map(len, nodes.values()))
         logs = []
         if pending:
@@ -778,6 +936,11 @@ class Store:
                     if self._log_is_full(txn):
                         self._fold(txn)
                 self.seq = seq
+                if self._buffered():   # buffered by another thread meanwhile: in its interval
+                    with self._timer:
+                        if self._since is None:
+                            self._since = time.monotonic()
+                            self._timer.notify()
                 return
             except lmdb.MapFullError:
                 # grow from a quiescent point: our transaction is aborted, and no other thread
@@ -802,6 +965,79 @@ class Store:
                 n += bool(txn.delete(k, db=self.entries))
                 txn.delete(usage_tag(k), db=self.used)   # (fold first: see collect)
         return n
+
+
+def _group_committer(ref: "weakref.ref[Store]", timer: threading.Condition) -> None:
+    """The commit thread of a "group" store: commits what waited GROUP_INTERVAL. Holds the
+    store weakly (a dropped Runtime's store is collected, and its __del__ commits), and ends
+    when the store is closed or gone."""
+    while True:
+        with timer:
+            s = ref()
+            if s is None or s.closed or s.pid != os.getpid():
+                return
+            since, interval = s._since, s.interval
+            del s
+            if since is None:
+                timer.wait()
+                continue
+            delay = since + interval - time.monotonic()
+            if delay > 0:
+                timer.wait(delay)
+                continue
+        s = ref()
+        if s is None:
+            return
+        try:
+            s._commit_from_timer()
+        except StoreError as e:
+            if not s.closed:
+                s._bg_error = e            # the runtime's next commit raises it
+        except Exception as e:             # (never lost silently)
+            s._bg_error = StoreError(f"store {s.path}: a background commit failed: {e!r}")
+        del s
+
+
+def _commit_buffered(wait: float) -> None:
+    """Commit what every open store of this process still buffers ("group" durability): at
+    exit. A store whose pass another thread still holds after ``wait`` seconds is left (its
+    results are computed again next time)."""
+    for s in list(_live):
+        try:
+            if s.closed or s.env is None or s.pid != os.getpid() or not s._buffered():
+                continue
+            s.commit(wait=wait)
+        except Exception as e:
+            warnings.warn(f"incr store {s.path}: results computed since the last commit were "
+                          f"not saved at exit ({e})", RuntimeWarning, stacklevel=1)
+
+
+def _before_fork() -> None:
+    # commit what the parent buffered, so that a child (its own Runtime on the store, a
+    # multiprocessing worker) finds it; only a store no thread is in the middle of using (no
+    # wait here: another thread may hold what the child would need)
+    for s in list(_live):
+        try:
+            if s.closed or s.env is None or s.pid != os.getpid() or not s._buffered():
+                continue
+            if not s._cond.acquire(blocking=False):
+                continue
+            try:
+                if s._parked and s.reader is not None:
+                    s._release_pass()         # (its thread is between demands)
+                if not s._users and s._bg_error is None:
+                    s._write(s.env)
+            finally:
+                s._cond.release()
+        except StoreError as e:
+            s._bg_error = e
+        except Exception:
+            pass
+
+
+atexit.register(_commit_buffered, 5.0)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
 
 
 def usage_tag(key: bytes) -> bytes:
