@@ -16,10 +16,23 @@ and ``compact`` an exclusive one):
   folds the log into ``used`` (one update per distinct tag); so does ``gc``.
   ``Store.usage()`` reports both, per entry key. Usage is advisory (inspect, gc): two entries
   whose tags collide (about 2**-64 per pair) share it, and a damaged log entry is skipped.
+- ``index``   how a lookup finds the entry that matches an instance's current dependencies
+  without reading the others (a trie over the dependencies, as read). Key = instance key + a
+  16-byte node id; the root is 16 zero bytes, and the node after node N once dependency D read
+  a value of hash H is XXH3-128(N | kind | len | ref | len | H), ref being an input's UTF-8
+  name or a cell's instance key. Value = up to INDEX_ITEMS items, the latest written first:
+  the next dependency the traces through N read, ``b"i"`` + blob(name) or ``b"c"`` +
+  blob(identity) + blob(args) + blob(instance key), or, where they read no more, ``b"E"`` +
+  blob(entry key). Usually one item; several after a dependency's code was edited (each
+  identity its own item: a lookup takes the first that names a live cell) or for a cell that
+  reads differently on equal values. Written with each entry; rebuilt by ``incr gc``. A
+  lookup walks it, bringing each dependency up to date, then checks the entry's record
+  against what it walked: the index is a guide, never a value (a damaged node is a miss plus
+  a DamagedRecordWarning, and is replaced when the value is written again);
 - ``nodes``   per LLM node instance key: its state (candidates, verdict ledger, attempt log),
   a record of kind 2 written by incr.llmnodes, committed in the same transaction as entries.
 
-A record (format 2) is a 16-byte header — magic ``iR``, format version, kind, payload length
+A record (format 3; its layout is format 2's) is a 16-byte header — magic ``iR``, format version, kind, payload length
 (u32), XXH64 of the payload (u64, ``keys.checksum``) — then the payload; every integer is big endian, a *blob*
 is a u32 length and that many bytes, a *string* a blob of UTF-8::
 
@@ -63,7 +76,9 @@ import lmdb
 
 from incr.errors import StoreError
 
-FORMAT = 2                        # of the store and of its records
+FORMAT = 3                        # of the store and of its records (3: the index)
+UPGRADE = {b"2"}                  # formats whose stores are emptied and reused (their entries
+                                  # become misses: never a wrong value)
 MAGIC = b"iR"
 HEADER = struct.Struct(">2sBBI8s")
 MAX_RECORD = 64 << 20             # a record larger than this is damaged by definition
@@ -319,11 +334,13 @@ class Store:
         self.closed = False
         self.pending: dict[bytes, bytes] = {}
         self.pending_nodes: dict[bytes, bytes] = {}
+        self.pending_index: dict[bytes, list[bytes]] = {}   # node -> items, oldest first
         self.hit_tags = bytearray()      # usage tags of the entries taken, once per hit
         self.seq = 0                      # log entries this run has written
         self.reader = None               # a read transaction kept for one pass (end_pass)
         self.cursor = None               # a cursor of that transaction on ``entries``
         self._ops = None                 # its bound methods (see pass_cursor)
+        self._iops = None                # ... and those the index lookup uses (pass_cursor)
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
         self._lk = threading.RLock()     # _cond's lock (taken directly where it is hot)
         self._cond = threading.Condition(self._lk)
@@ -428,9 +445,19 @@ class Store:
             self.used = env.open_db(b"used")
             self.nodes = env.open_db(b"nodes")
             self.log = env.open_db(b"log")
+            self.index = env.open_db(b"index")
             with _begin(env, write=True) as txn:
                 fmt = txn.get(b"format", db=self.meta)
-                if fmt is None:
+                if fmt in UPGRADE:
+                    # an older layout: its entries are not indexed and their records carry
+                    # the old format; dropped, so they become misses and are written anew
+                    for db in (self.entries, self.used, self.log, self.nodes, self.index):
+                        txn.drop(db, delete=False)
+                    txn.put(b"format", str(FORMAT).encode(), db=self.meta)
+                    warnings.warn(f"incr store {path} was written in format {fmt.decode()}; "
+                                  f"it now has format {FORMAT} and its old results are "
+                                  f"computed again", DamagedRecordWarning, stacklevel=4)
+                elif fmt is None:
                     if txn.stat(self.entries)["entries"]:
                         raise StoreError(f"store {path} has entries but no format record")
                     txn.put(b"format", str(FORMAT).encode(), db=self.meta)
@@ -478,8 +505,12 @@ class Store:
         self._timer = threading.Condition(threading.Lock())
         self._timer_thread = None
         self._since, self._bg_error = None, None
-        self.pending, self.pending_nodes = {}, {}
+        # a forked child usually ends with os._exit(), which skips atexit (multiprocessing's
+        # workers do): in the child, the inherited store commits every top-level demand
+        self.durability = "sync"
+        self.pending, self.pending_nodes, self.pending_index = {}, {}, {}
         self.hit_tags, self.damaged, self._pending_bytes, self.seq = bytearray(), set(), 0, 0
+        self._iops = None
         self._users, self._pass_thread, self._draining = {}, None, 0
         self._parked = False
         if self._unlock is not None:
@@ -666,7 +697,7 @@ class Store:
         """End the pass (call with _cond held): its own thread's, or a parked one."""
         reader = self.reader
         owner = self._pass_thread
-        self.reader, self.cursor, self._ops = None, None, None
+        self.reader, self.cursor, self._ops, self._iops = None, None, None, None
         self._pass_thread = None
         self._parked = False
         if os.getpid() == self.pid and reader is not None:
@@ -686,9 +717,12 @@ class Store:
         read transaction (begun if none is open; see ``end_pass``), also kept as ``pass_ops``
         until the pass ends. The runtime walks it to find an instance's entries; values are
         bytes (``buffers=False``). Only the thread that began the pass may use it: another
-        gets StoreError while it lasts."""
+        gets StoreError while it lasts. ``_iops`` then holds set_key and value of a cursor on
+        ``index`` and set_key and value of the one on ``entries``, for the index lookup."""
         me = threading.get_ident()
         with self._cond:
+            if self.reader is not None and self._parked:
+                self._release_pass()            # (its thread is between demands)
             env = self._enter()
             if self.reader is not None:
                 self._leave()                   # (the pass is counted once)
@@ -705,6 +739,8 @@ class Store:
                 self.reader = _begin(env, db=self.entries, buffers=False)  # adopts a grown map
                 self.cursor = self.reader.cursor()
                 c = self.cursor
+                ic = self.reader.cursor(db=self.index)
+                self._iops = (ic.set_key, ic.value, c.set_key, c.value)
                 self._ops = (c.set_range, c.key, c.value, c.next)
             except BaseException as e:
                 reader = self.reader
@@ -817,17 +853,27 @@ class Store:
 
     # -- writing --------------------------------------------------------------------------
 
-    def put(self, key: bytes, record: bytes) -> None:
+    def put(self, key: bytes, record: bytes, index: list | None = None) -> None:
+        """Buffer the entry ``key`` and the index nodes, (key, value), that lead to it."""
         with self._buf_lock:
             self.pending[key] = record
             self._pending_bytes += len(record)
+            if index:
+                pi = self.pending_index
+                for k, v in index:
+                    items = pi.get(k)
+                    if items is None:
+                        pi[k] = [v]
+                    elif items[-1] != v:
+                        items.append(v)
 
     def hit(self, key: bytes) -> None:
         """Count one hit of the entry ``key`` (the runtime appends to ``hit_tags`` itself)."""
         self.hit_tags += usage_tag(key)
 
     def _buffered(self) -> bool:
-        return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes)
+        return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes
+                    or self.pending_index)
 
     def commit_due(self) -> None:
         """The end of a top-level demand or stabilization. "sync": commit now. "group": end
@@ -903,9 +949,9 @@ class Store:
     def _write(self, env: lmdb.Environment) -> None:
         with self._buf_lock:
             pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
-            nodes = self.pending_nodes
+            nodes, index = self.pending_nodes, self.pending_index
             self.pending, self.hit_tags, self.damaged = {}, bytearray(), set()
-            self.pending_nodes, self._pending_bytes = {}, 0
+            self.pending_nodes, self.pending_index, self._pending_bytes = {}, {}, 0
         with self._timer:
             self._since = None
         need = sum(map(len, pending.values())) + sum(map(len, nodes.values()))
@@ -928,6 +974,12 @@ class Store:
                         txn.put(k, pending[k], db=self.entries, overwrite=False)
                     for k in sorted(nodes):   # node states: the latest writer wins
                         txn.put(k, nodes[k], db=self.nodes)
+                    idx = self.index          # index nodes: the latest item first
+                    for k in sorted(index):
+                        old = txn.get(k, db=idx)
+                        v = _index_merge(old, index[k])
+                        if v != old:
+                            txn.put(k, v, db=idx)
                     # usage: one log entry per kind, not one update per entry (see _fold)
                     seq = self.seq
                     for v in logs:
@@ -957,6 +1009,24 @@ class Store:
                 raise _explain(self.path, e, "writing", need) from None
         raise _explain(self.path, lmdb.MapFullError("MDB_MAP_FULL after 8 doublings of the map"),
                        "writing")
+
+    def rebuild_index(self) -> int:
+        """Write the index anew from the sound entries (after gc dropped some): one write
+        transaction. Returns the number of index nodes."""
+        from incr._core import index_nodes
+        nodes: dict[bytes, list[bytes]] = {}
+        recs = [(k, r) for k, r, _size in self.iter_records() if r is not None]
+        recs.sort(key=lambda kr: kr[1]["run"])     # the latest run's items first, below
+        for key, rec in recs:
+            for k, v in index_nodes(key[:_ikey_len(key)], key, rec["deps"]):
+                items = nodes.setdefault(k, [])
+                if v not in items:
+                    items.append(v)
+        with self._txn("rebuilding its index", write=True) as txn:
+            txn.drop(self.index, delete=False)
+            cur = txn.cursor(db=self.index)
+            cur.putmulti([(k, _index_merge(None, v)) for k, v in sorted(nodes.items())])
+        return len(nodes)
 
     def delete(self, keys: list[bytes]) -> int:
         n = 0
@@ -1038,6 +1108,39 @@ def _before_fork() -> None:
 atexit.register(_commit_buffered, 5.0)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork)
+
+
+INDEX_ITEMS = 8                   # alternatives an index node keeps (the latest written)
+_ITEM_BLOBS = {0x45: 1, 0x69: 1, 0x63: 3}   # E(ntry), i(nput), c(ell): blobs that follow
+
+
+def _index_items(v: bytes) -> list[bytes] | None:
+    """The items of an index node's value, or None if it is damaged."""
+    items, at, n = [], 0, len(v)
+    while at < n:
+        blobs = _ITEM_BLOBS.get(v[at])
+        if blobs is None:
+            return None
+        end = at + 1
+        for _ in range(blobs):
+            if end + 4 > n:
+                return None
+            end += 4 + int.from_bytes(v[end:end + 4], "big")
+            if end > n:
+                return None
+        items.append(v[at:end])
+        at = end
+    return items
+
+
+def _index_merge(old: bytes | None, new: list[bytes]) -> bytes:
+    """An index node's value: the items written now (the latest first), then the earlier ones
+    not among them, INDEX_ITEMS at most (a damaged earlier value is dropped)."""
+    out = list(reversed(new))
+    for it in (_index_items(old) or []) if old is not None else []:
+        if it not in out:
+            out.append(it)
+    return b"".join(out[:INDEX_ITEMS])
 
 
 def usage_tag(key: bytes) -> bytes:
@@ -1162,6 +1265,7 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
     if not dry_run and drop:
         store.fold()   # so that no log entry names a dropped key
         store.delete(sorted(drop))
+        store.rebuild_index()   # (nodes that lead only to dropped entries go)
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
             "bytes_freed": freed, "latest_run": latest}
 
