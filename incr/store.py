@@ -29,6 +29,13 @@ and ``compact`` an exclusive one):
   lookup walks it, bringing each dependency up to date, then checks the entry's record
   against what it walked: the index is a guide, never a value (a damaged node is a miss plus
   a DamagedRecordWarning, and is replaced when the value is written again);
+- ``runs``    per run (u64) that counted itself: the id (u32) of its *program*;
+- ``programs`` per program (its command line, ``_program``: the main script's absolute path
+  and its arguments, JSON): its id (u32); ``meta`` ``programs`` counts them;
+- ``used_by`` usage per program, folded with ``used``: key = usage tag + program id (u32),
+  value = the last run (u64) of that program that wrote or took the entry. ``incr gc
+  --keep-runs N`` keeps what the latest N runs *of each program* used (not the latest N runs
+  of the store: another program's results are not dropped because it ran less recently);
 - ``nodes``   per LLM node instance key: its state (candidates, verdict ledger, attempt log),
   a record of kind 2 written by incr.llmnodes, committed in the same transaction as entries.
 
@@ -62,6 +69,7 @@ import contextlib
 import errno
 import fcntl
 import gc
+import json
 import os
 import stat
 import struct
@@ -433,7 +441,7 @@ class Store:
         try:
             # "group": the meta page is not flushed by each commit but by the next one (LMDB's
             # MDB_NOMETASYNC: integrity kept, a power loss may undo the last commit)
-            env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
+            env = lmdb.open(path, map_size=size, max_dbs=12, mode=0o600, subdir=True,
                             readahead=False, meminit=False, max_readers=256,
                             metasync=self.durability == "sync")
         except lmdb.Error as e:
@@ -446,12 +454,16 @@ class Store:
             self.nodes = env.open_db(b"nodes")
             self.log = env.open_db(b"log")
             self.index = env.open_db(b"index")
+            self.runs = env.open_db(b"runs")
+            self.programs = env.open_db(b"programs")
+            self.used_by = env.open_db(b"used_by")
             with _begin(env, write=True) as txn:
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt in UPGRADE:
                     # an older layout: its entries are not indexed and their records carry
                     # the old format; dropped, so they become misses and are written anew
-                    for db in (self.entries, self.used, self.log, self.nodes, self.index):
+                    for db in (self.entries, self.used, self.log, self.nodes, self.index,
+                               self.runs, self.programs, self.used_by):
                         txn.drop(db, delete=False)
                     txn.put(b"format", str(FORMAT).encode(), db=self.meta)
                     warnings.warn(f"incr store {path} was written in format {fmt.decode()}; "
@@ -470,6 +482,14 @@ class Store:
                 if self.count_run:
                     run += 1
                     txn.put(b"runs", str(run).encode(), db=self.meta)
+                    prog = _program().encode("utf-8", "surrogateescape")
+                    pid = txn.get(prog, db=self.programs)
+                    if pid is None or len(pid) != 4:
+                        n = int(txn.get(b"programs", b"0", db=self.meta)) + 1
+                        txn.put(b"programs", str(n).encode(), db=self.meta)
+                        pid = n.to_bytes(4, "big")
+                        txn.put(prog, pid, db=self.programs)
+                    txn.put(run.to_bytes(8, "big"), pid, db=self.runs)
         except StoreError:
             env.close()
             raise
@@ -820,6 +840,38 @@ class Store:
                     out[k] = u
         return out
 
+    def programs_usage(self) -> tuple[dict[int, str], dict[int, int],
+                                      dict[bytes, dict[int, int]]]:
+        """(program id -> program, run -> program id, entry key -> {program id: last run
+        that wrote or took it}): ``used_by`` plus the log. Runs before this was recorded have
+        no program."""
+        by_tag: dict[bytes, dict[int, int]] = {}
+        out = {}
+        with self._txn("reading its usage per program", buffers=False) as txn:
+            names = {}
+            for k, v in txn.cursor(db=self.programs):
+                if len(v) == 4:
+                    names[int.from_bytes(v, "big")] = k.decode("utf-8", "replace")
+            runs = {r: int.from_bytes(p, "big")
+                    for r, p in _run_programs(txn, self.runs).items()}
+            for k, v in txn.cursor(db=self.used_by):
+                if len(k) == 12 and len(v) == 8:
+                    d = by_tag.setdefault(k[:8], {})
+                    pid, last = int.from_bytes(k[8:], "big"), int.from_bytes(v, "big")
+                    d[pid] = max(d.get(pid, 0), last)
+            for run, _hit, tags in _log_entries(txn, self.log):
+                pid = runs.get(run)
+                if pid is None:
+                    continue
+                for t in tags:
+                    d = by_tag.setdefault(t, {})
+                    d[pid] = max(d.get(pid, 0), run)
+            for k in txn.cursor(db=self.entries).iternext(keys=True, values=False):
+                u = by_tag.get(usage_tag(k))
+                if u is not None:
+                    out[k] = u
+        return names, runs, out
+
     def fold(self) -> None:
         """Fold the log into ``used`` (one write transaction)."""
         with self._txn("folding its usage log", write=True) as txn:
@@ -837,10 +889,20 @@ class Store:
     def _fold(self, txn: lmdb.Transaction) -> None:
         hits: Counter[bytes] = Counter()
         last: dict[bytes, int] = {}
+        by: dict[bytes, int] = {}          # usage tag + program id -> last run
+        progs = _run_programs(txn, self.runs)
         for run, hit, tags in _log_entries(txn, self.log):   # in run order (the key's order)
             last.update(dict.fromkeys(tags, run))
             if hit:
                 hits.update(tags)
+            pid = progs.get(run)
+            if pid is not None:
+                by.update(dict.fromkeys([t + pid for t in tags], run))
+        ub = self.used_by
+        for k in sorted(by):
+            v = txn.get(k, db=ub)
+            if v is None or len(v) != 8 or int.from_bytes(v, "big") < by[k]:
+                txn.put(k, by[k].to_bytes(8, "big"), db=ub)
         cur = txn.cursor(db=self.used)
         old = dict(cur.iternext())   # one forward walk (a fold usually touches most tags)
         pack, unpack, size, out = USAGE.pack, USAGE.unpack, USAGE.size, []
@@ -1034,6 +1096,11 @@ class Store:
             for k in keys:
                 n += bool(txn.delete(k, db=self.entries))
                 txn.delete(usage_tag(k), db=self.used)   # (fold first: see collect)
+                cur = txn.cursor(db=self.used_by)
+                tag = usage_tag(k)
+                if cur.set_range(tag):
+                    while cur.key()[:8] == tag and cur.delete():
+                        pass
         return n
 
 
@@ -1149,6 +1216,33 @@ def usage_tag(key: bytes) -> bytes:
     return key[1:5] + key[-4:]
 
 
+def _program() -> str:
+    """This process's program, as gc groups runs: the main script's absolute path (or "-c",
+    "-m module", "<interactive>") and its arguments, as JSON."""
+    import sys
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    f = getattr(main, "__file__", None)
+    if spec is not None and getattr(spec, "name", None) and spec.name != "__main__":
+        head = f"-m {spec.name}"
+    elif f:
+        head = os.path.abspath(f)
+    elif sys.argv and sys.argv[0] == "-c":
+        head = "-c"
+    else:
+        head = "<interactive>"
+    return json.dumps([head] + [str(a) for a in sys.argv[1:]], ensure_ascii=False)
+
+
+def _run_programs(txn: lmdb.Transaction, db: Any) -> dict[int, bytes]:
+    """run -> program id (4 bytes) of every sound ``runs`` entry."""
+    out = {}
+    for k, v in txn.cursor(db=db):
+        if len(k) == 8 and len(v) == 4:
+            out[int.from_bytes(k, "big")] = v
+    return out
+
+
 def _log_entries(txn: lmdb.Transaction, db: Any) -> Iterator[tuple[int, int, list[bytes]]]:
     """(run, 1 for hits or 0 for writes, usage tags) of every sound log entry; a damaged one is
     skipped (usage is advisory: it never decides a value)."""
@@ -1222,17 +1316,55 @@ def trace(store: Store) -> tuple[dict, list]:
 
 def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = None,
             dry_run: bool = False) -> dict:
-    """Drop entries not reachable from the latest ``keep_runs`` runs (None: keep all), then
-    least recently used ones while the entries take more than ``max_bytes``."""
+    """Drop entries not reachable from what the latest ``keep_runs`` runs *of each program*
+    wrote or took (None: keep all), then least recently used ones while the entries take more
+    than ``max_bytes``. Runs without a recorded program (count_run=False, or older) form one
+    group. The report says, per program, the runs kept and how many entries they root."""
     usage = store.usage()
+    names, run_prog, by_prog = store.programs_usage()
     recs: dict[bytes, tuple[dict | None, int]] = {}
     for key, rec, size in store.iter_records():
         recs[key] = (rec, size)
     last_of = {k: max(usage.get(k, (0, 0))[1], (r or {}).get("run", 0)) for k, (r, _) in recs.items()}
     latest = max(last_of.values(), default=0)
     drop: set[bytes] = {k for k, (r, _) in recs.items() if r is None}   # damaged: useless
+    programs = []
     if keep_runs is not None:
-        roots = [k for k, last in last_of.items() if last > latest - keep_runs and k not in drop]
+        runs_of: dict[int, list[int]] = {}
+        for run, pid in run_prog.items():
+            runs_of.setdefault(pid, []).append(run)
+        # an entry's uses per program: used_by and the log, and the run that wrote it
+        uses: dict[bytes, dict[int, int]] = {}
+        for k, (r, _) in recs.items():
+            u = dict(by_prog.get(k, {}))
+            if r is not None and r["run"] in run_prog:
+                pid = run_prog[r["run"]]
+                u[pid] = max(u.get(pid, 0), r["run"])
+            uses[k] = u
+        floor = {pid: sorted(rs)[-keep_runs] if len(rs) >= keep_runs else min(rs)
+                 for pid, rs in runs_of.items()}
+        # an entry no run with a recorded program used: the latest keep_runs runs of the
+        # store, as before programs were recorded
+        unknown_floor = latest - keep_runs + 1
+        rooted: Counter[int] = Counter()
+        roots = []
+        for k in recs:
+            if k in drop:
+                continue
+            hit = [pid for pid, last in uses[k].items() if pid in floor and last >= floor[pid]]
+            if hit:
+                roots.append(k)
+                rooted.update(hit)
+            elif not uses[k] and last_of[k] >= unknown_floor:
+                roots.append(k)
+                rooted[-1] += 1
+        for pid, rs in sorted(runs_of.items()):
+            programs.append({"program": names.get(pid, f"#{pid}"),
+                             "runs": sorted(rs)[-keep_runs:], "roots": rooted.get(pid, 0)})
+        if rooted.get(-1):
+            programs.append({"program": None,
+                             "runs": list(range(max(1, unknown_floor), latest + 1)),
+                             "roots": rooted[-1]})
         by_instance: dict[bytes, list[bytes]] = {}
         for k in recs:
             by_instance.setdefault(k[:_ikey_len(k)], []).append(k)
@@ -1267,7 +1399,7 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
         store.delete(sorted(drop))
         store.rebuild_index()   # (nodes that lead only to dropped entries go)
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
-            "bytes_freed": freed, "latest_run": latest}
+            "bytes_freed": freed, "latest_run": latest, "programs": programs}
 
 
 def compact(path: Any) -> tuple[int, int]:
