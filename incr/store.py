@@ -327,7 +327,7 @@ class Store:
     environment raises StoreError. So no thread ever uses a handle another thread freed."""
 
     def __init__(self, path: Any, *, max_bytes: int | None = None, count_run: bool = True,
-                 create: bool = True, durability: str = "group"):
+                 create: bool = True, durability: str = "sync"):
         if durability not in DURABILITY:
             raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
                              f"{durability!r:.80}")
