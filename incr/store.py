@@ -448,16 +448,18 @@ class Store:
             raise _explain(path, e, "opening it") from None
         try:
             env.reader_check()
-            self.meta = env.open_db(b"meta")
-            self.entries = env.open_db(b"entries")
-            self.used = env.open_db(b"used")
-            self.nodes = env.open_db(b"nodes")
-            self.log = env.open_db(b"log")
-            self.index = env.open_db(b"index")
-            self.runs = env.open_db(b"runs")
-            self.programs = env.open_db(b"programs")
-            self.used_by = env.open_db(b"used_by")
             with _begin(env, write=True) as txn:
+                # (the databases are opened in this transaction: _begin adopted a map another
+                # process grew, which open_db's own transaction would refuse, MAP_RESIZED)
+                self.meta = env.open_db(b"meta", txn=txn)
+                self.entries = env.open_db(b"entries", txn=txn)
+                self.used = env.open_db(b"used", txn=txn)
+                self.nodes = env.open_db(b"nodes", txn=txn)
+                self.log = env.open_db(b"log", txn=txn)
+                self.index = env.open_db(b"index", txn=txn)
+                self.runs = env.open_db(b"runs", txn=txn)
+                self.programs = env.open_db(b"programs", txn=txn)
+                self.used_by = env.open_db(b"used_by", txn=txn)
                 fmt = txn.get(b"format", db=self.meta)
                 if fmt in UPGRADE:
                     # an older layout: its entries are not indexed and their records carry
