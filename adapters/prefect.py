@@ -372,7 +372,9 @@ def shared_runtime(store: str | os.PathLike) -> incr.Runtime:
         with _locks_lock:
             rt = _shared.get(path)
             if rt is None or rt.closed:
-                rt = _shared[path] = incr.Runtime(store=path)
+                # "sync": a task that finished is stored before the next one starts, so a
+                # killed worker never runs a finished task again (Prefect's unit of work)
+                rt = _shared[path] = incr.Runtime(store=path, durability="sync")
     return rt
 
 

@@ -1,7 +1,11 @@
-"""Store benchmarks: warm start, store hits against joblib.Memory, commit cost, key hashing.
+"""Store benchmarks: warm start, store hits against joblib.Memory, commit cost, key hashing,
+top-level demands per second by durability, and lookup cost against stored history.
 
-    python -m benchmarks.store            # full run (about two minutes)
-    python -m benchmarks.store --quick    # smaller sizes, seconds
+    python -m benchmarks.store            # full run (a few minutes)
+    python -m benchmarks.store --quick    # smaller sizes
+    python -m benchmarks.store --only toplevel,history --before /tmp/incr-before
+        # also runs those two in a checkout of an earlier incr (built in place), in the same
+        # run, for before/after figures
 
 Warm start runs in fresh processes (the only honest way to measure it): one process computes
 N instances into a new store, a second one demands the same root and takes everything from
@@ -56,6 +60,135 @@ s = rt.stats()
 print(json.dumps({"seconds": seconds, "cpu": cpu, "close": close_s, "value": value,
                   "computed": s["computed"], "hits": s["store_hits"]}))
 '''
+
+
+TOPLEVEL_PROGRAM = r'''
+import json, os, sys, tempfile, time
+import incr
+n, modes = int(sys.argv[1]), sys.argv[2].split(",")
+out = {}
+for mode in modes:
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "s")
+
+    def runtime():
+        try:
+            return incr.Runtime(store=path, durability=mode)
+        except TypeError:            # an incr before durability=: one commit per demand
+            return incr.Runtime(store=path)
+
+    rt = runtime()
+    x = rt.input("x", 3)
+
+    @incr.cell(version="1")
+    def leaf(i):
+        return x.get() + i
+
+    with rt:
+        t = time.perf_counter()
+        for i in range(n):           # 10^4 top-level demands, each a cold computation
+            leaf(i)
+        cold = time.perf_counter() - t
+    t = time.perf_counter()
+    rt.close()
+    cold_close = time.perf_counter() - t
+    rt = runtime()
+    x = rt.input("x", 3)
+    with rt:
+        t = time.perf_counter()
+        for i in range(n):           # the same, each a hit in the store
+            leaf(i)
+        hits = time.perf_counter() - t
+    s = rt.stats()
+    rt.close()
+    out[mode] = {"cold_per_s": n / cold, "hits_per_s": n / hits, "close_s": cold_close,
+                 "store_hits": s["store_hits"], "computed": s["computed"]}
+print(json.dumps(out))
+'''
+
+HISTORY_PROGRAM = r'''
+import json, os, statistics, sys, tempfile, time
+import incr
+sizes, mode, cycles = [int(a) for a in sys.argv[1].split(",")], sys.argv[2], int(sys.argv[3])
+out = []
+for traces in sizes:
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "s")
+    try:
+        rt = incr.Runtime(store=path, durability=mode)
+    except TypeError:
+        rt = incr.Runtime(store=path)
+    x = rt.input("x", 0)
+    k = rt.input("k", 7)
+
+    @incr.cell(version="1")
+    def f():
+        return (k.get(), x.get() * 2)
+
+    with rt:
+        rt.observe(f)
+        for v in range(traces):      # one stored trace of f per value of x
+            x.set(v)
+            rt.stabilize()
+        times = {"new": [], "old": []}
+        for c in range(cycles):      # alternately a value never seen and one stored
+            for kind, v in (("new", traces + c), ("old", (c * 7919) % traces)):
+                x.set(v)
+                t = time.perf_counter()
+                rt.stabilize()
+                times[kind].append(time.perf_counter() - t)
+                assert f() == (7, v * 2)
+    s = rt.stats()
+    rt.close()
+    out.append({"traces": traces, "new_s": statistics.median(times["new"]),
+                "old_s": statistics.median(times["old"]), "store_hits": s["store_hits"]})
+print(json.dumps(out))
+'''
+
+
+def _run_prog(source: str, args: list, pythonpath: str | None) -> object:
+    with tempfile.TemporaryDirectory() as d:
+        prog = os.path.join(d, "prog.py")
+        Path(prog).write_text(source)
+        env = dict(os.environ)
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        out = subprocess.run([sys.executable, prog, *map(str, args)], check=True, env=env,
+                             capture_output=True, text=True, cwd=d).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def toplevel(n: int, before: str | None) -> dict:
+    """10^4 top-level demands of a trivial cell, cold then hits, per durability; with
+    ``before``, the same in that checkout (which commits every demand)."""
+    out = {"n": n, "after": _run_prog(TOPLEVEL_PROGRAM, [n, "sync,group"], str(HERE.parent))}
+    if before:
+        out["before"] = _run_prog(TOPLEVEL_PROGRAM, [n, "sync"], before)["sync"]
+    return out
+
+
+def history(sizes: list[int], cycles: int, before: str | None,
+            before_sizes: list[int]) -> dict:
+    """One input set + stabilize of an observed cell with N traces of it stored: median time
+    for a value never seen (a miss, then a new trace) and for a stored one (a hit). Each size
+    is measured twice, in ascending then descending order in one process, and the lower
+    median kept (the load of a shared machine moves sub-0.1 ms figures by 2x)."""
+    root = str(HERE.parent)
+
+    def go(sz, mode, where):
+        both = sz + sz[::-1]
+        rows = _run_prog(HISTORY_PROGRAM, [",".join(map(str, both)), mode, cycles], where)
+        best: dict[int, dict] = {}
+        for r in rows:
+            b = best.setdefault(r["traces"], dict(r))
+            b["new_s"], b["old_s"] = min(b["new_s"], r["new_s"]), min(b["old_s"], r["old_s"])
+        return [best[n] for n in sz]
+
+    out = {"cycles": cycles, "after_group": go(sizes, "group", root),
+           "after_sync": go(before_sizes, "sync", root)}
+    if before:
+        out["before"] = go(before_sizes, "sync", before)
+    return out
 
 
 def run_warm(n: int) -> dict:
@@ -159,19 +292,49 @@ def hashing(small: int, big_mb: int) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.store")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="warm,joblib,commit,hashing,toplevel,history",
+                    help="comma-separated parts to run")
+    ap.add_argument("--before", default=None,
+                    help="a checkout of an earlier incr, built in place: toplevel and history "
+                         "run there too, in this run")
     a = ap.parse_args(argv)
+    only = set(a.only.split(","))
     n = 10_000 if a.quick else 100_000
-    warm = run_warm(n)
-    jl = joblib_hit(2_000 if a.quick else 20_000)
-    commit = commit_cost(1_000 if a.quick else 100_000, 20 if a.quick else 50)
-    hashes = hashing(20_000 if a.quick else 200_000, 10)
+    warm = run_warm(n) if "warm" in only else None
+    jl = joblib_hit(2_000 if a.quick else 20_000) if "joblib" in only else None
+    commit = (commit_cost(1_000 if a.quick else 100_000, 20 if a.quick else 50)
+              if "commit" in only else None)
+    hashes = hashing(20_000 if a.quick else 200_000, 10) if "hashing" in only else []
+    top = (toplevel(2_000 if a.quick else 10_000, a.before) if "toplevel" in only else None)
+    hist = (history([10, 1_000] if a.quick else [10, 1_000, 10_000], 20 if a.quick else 100,
+                    a.before, [10, 300] if a.quick else [10, 1_000, 3_000])
+            if "history" in only else None)
     import incr
 
     result = {"incr": incr.__version__, "python": sys.version.split()[0], "warm": warm,
-              "joblib": jl, "commit": commit, "hashing": hashes,
+              "joblib": jl, "commit": commit, "hashing": hashes, "toplevel": top,
+              "history": hist, "before": a.before,
               "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (HERE / ("results-store-quick.json" if a.quick else "results-store.json")).write_text(
-        json.dumps(result, indent=2) + "\n")
+    name = "results-store-quick.json" if a.quick else "results-store.json"
+    if only != {"warm", "joblib", "commit", "hashing", "toplevel", "history"}:
+        name = name.replace(".json", "-" + "-".join(sorted(only)) + ".json")
+    (HERE / name).write_text(json.dumps(result, indent=2) + "\n")
+    if top:
+        print(f"{top['n']:,} top-level demands of a trivial cell, with a store:")
+        rows = [("before (one commit per demand)", top.get("before"))] if top.get("before") \
+            else []
+        rows += [(f"durability={m!r}", top["after"][m]) for m in ("sync", "group")]
+        for label, r in rows:
+            print(f"  {label:<32} cold {r['cold_per_s']:>10,.0f} /s   hits "
+                  f"{r['hits_per_s']:>10,.0f} /s")
+    if hist:
+        print(f"one set + stabilize with N traces stored (median of {hist['cycles']}):")
+        for label in ("before", "after_sync", "after_group"):
+            for r in hist.get(label) or []:
+                print(f"  {label:<12} N={r['traces']:>6,}  new value {r['new_s'] * 1e3:8.2f} ms"
+                      f"   stored value {r['old_s'] * 1e3:8.2f} ms")
+    if warm is None:
+        return 0
     per_instance = warm["warm_s"] / max(warm["instances"], 1)
     print(f"incr {incr.__version__}, Python {result['python']}"
           + (f", joblib {jl['version']}" if jl else ", joblib not installed"))

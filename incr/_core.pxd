@@ -83,6 +83,8 @@ cdef class Persist:
     cdef bytes args                  # canonical encoding of the bound arguments
     cdef list cands                  # stored Records being tried, or None when no lookup runs
     cdef Py_ssize_t ci, di           # candidate and dependency being checked
+    cdef bytes node                  # the index node reached by the lookup, None once the
+                                     # entry is found (or no lookup runs)
     cdef list resolved               # dependencies of the candidate resolved so far (the last
                                      # may be one pushed for verification, not yet checked)
 
@@ -253,7 +255,11 @@ cdef class Runtime:
     cdef int probe_step(self, Instance m, list stack, list idx) except -1
     cdef void adopt(self, Instance m, Record rec, list resolved) except *
     cdef Node resolve(self, Record rec, Py_ssize_t i)
-    cdef list candidates(self, bytes ikey)
+    cdef Node resolve_cell(self, str name, bytes data, Py_ssize_t args_at)   # (store lookup)
+    cdef int no_match(self, Persist p)                # a lookup ends without a match
+    cdef object index_node(self, bytes key)           # an index node's value, or None
+    cdef Record index_entry(self, bytes ikey, bytes key)   # a sound entry's Record, or None
+    cdef object index_choose(self, bytes ikey, bytes v)  # where an index node leads
     cdef Persist persist_of(self, Instance n)
     cdef Persist persist_with(self, Instance n, str ident, bytes args)
     cdef object value_hash(self, Node n)

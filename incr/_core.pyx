@@ -32,7 +32,7 @@ from asyncio import CancelledError as _CancelledError
 from asyncio import _get_running_loop
 from incr.keys import normalize_args
 from incr import keys as _keys
-from incr.store import DamagedRecordWarning, Store
+from incr.store import DamagedRecordWarning, Store, _index_merge
 import msgpack as _msgpack
 import warnings as _warnings
 
@@ -870,7 +870,10 @@ cdef class Runtime:
     """
 
     def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None,
-                 executor=None, max_concurrency=None):
+                 executor=None, max_concurrency=None, durability="group"):
+        if durability not in ("group", "sync"):
+            raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
+                             f"{durability!r:.80}")
         if hash not in ("xxh3_128", "blake2b"):
             raise ValueError(f"Runtime: hash must be 'xxh3_128' or 'blake2b', got {hash!r}")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
@@ -923,7 +926,7 @@ cdef class Runtime:
                             f"incr.adapters.dask and incr.adapters.ray), got {executor!r}")
         self.executor = executor
         if store is not None:
-            self.store = Store(store, max_bytes=max_bytes)
+            self.store = Store(store, max_bytes=max_bytes, durability=durability)
 
     # -- the public surface ---------------------------------------------------------------
 
@@ -1570,9 +1573,10 @@ cdef class Runtime:
         return self.value_hash(n)
 
     def _commit(self):
-        """Commit what the store has buffered (no-op in memory)."""
+        """Commit what the store has buffered, durably whatever the durability (no-op in
+        memory)."""
         if self.store is not None and not self.frames and not self.stabilizing:
-            self.flush(False)
+            self.store.commit()
 
     def _store_node(self, bytes ikey):
         return self.store.node(ikey)
@@ -1983,110 +1987,188 @@ cdef class Runtime:
         return DONE
 
     cdef int probe_step(self, Instance m, list stack, list idx) except -1:
-        # Check m's stored traces, most recent first, each dependency in the order it was read:
-        # a cell dependency is brought up to date first (pushed on the explicit stack, so a
-        # warm start never recurses), then its value hash is compared with the recorded one.
+        # Find m's stored trace that matches its current dependencies by walking the store's
+        # index (incr/store.py): from the root node of m's instance key, each node names the
+        # next dependency the traces through it read; that dependency is brought up to date
+        # (a cell is pushed on the explicit stack, so a warm start never recurses) and its
+        # value hash chooses the next node, until a node names the entry. The cost depends on
+        # the dependencies read, not on how many traces are stored. The entry's record is then
+        # checked against what was walked (the index is only a guide: never trusted for a
+        # value), and adopted.
         cdef Persist p = m.persist
         cdef Node d
         cdef Record rec
+        cdef bytes v
+        cdef Py_ssize_t i
         if p is None:
             p = self.persist_of(m)
         if not p.ok:
             return NOMATCH
         if p.cands is None:
-            try:
-                p.cands = self.candidates(p.ikey)
-            except Exception as e:
-                _warn(f"incr store {self.store_path}: lookup failed ({e}); computing "
-                      f"{m.label()}", DamagedRecordWarning)
-                p.cands = []
-            p.ci = 0
+            p.cands = []           # (not None: a lookup runs)
+            p.node = _INDEX_ROOT
             p.di = 0
             p.resolved = []
-        while p.ci < len(p.cands):
-            rec = <Record>p.cands[p.ci]
-            matched = True
-            while p.di < rec.ndeps:
-                if len(p.resolved) > p.di:
-                    d = <Node>p.resolved[p.di]   # pushed for verification; back now
-                else:
-                    d = self.resolve(rec, p.di)
-                    if d is None:
-                        matched = False
+        while p.node is not None:
+            if len(p.resolved) > p.di:
+                d = <Node>p.resolved[p.di]   # pushed for verification; back now
+            else:
+                try:
+                    v = self.index_node(p.ikey + p.node)
+                    if v is None:
+                        return self.no_match(p)
+                    x = self.index_choose(p.ikey, v)
+                    if isinstance(x, Record):    # every dependency matched: the entry
+                        p.cands.append(x)
+                        p.node = None
                         break
-                    p.resolved.append(d)
-                if d.flags & F_DEFERRED:
-                    # set aside in this pass: m waits with it; its lookup starts again then
-                    p.cands = None
-                    p.resolved = None
-                    m.flags |= F_DEFERRED
-                    self.deferred.append(m)
-                    return DONE
-                if isinstance(d, Instance) and _needs_work(d) and not (
-                        not (d.flags & F_HAS_VALUE) and d in self.failed):
-                    # (an instance that failed in this pass is not pushed again: a mismatch)
-                    if d.flags & (F_VERIFYING | F_RUNNING):
-                        matched = False
-                        break
-                    d.flags |= F_VERIFYING
-                    stack.append(d)
-                    idx.append(0)
-                    return PUSHED
-                if not (d.flags & F_HAS_VALUE) or not _blob_equals(
-                        rec.data, _dep_hash_at(rec, p.di), self.value_hash(d)):
-                    matched = False
-                    break
-                p.di += 1
-            if matched and m.cell.is_llm:
-                # a candidate withdrawn by evidence (or a node not stable) is not taken back
-                from incr import llmnodes as _llm
-                matched = _llm._may_adopt(self, m, _blob_bytes(rec.data, rec.vh_at))
-            if matched:
-                resolved = p.resolved
+                    d = <Node>x
+                except ValueError as e:
+                    _warn(f"incr store {self.store_path}: damaged index node "
+                          f"{(p.ikey + p.node).hex()[:16]}… ignored ({e}); the value will be "
+                          f"recomputed", DamagedRecordWarning)
+                    return self.no_match(p)
+                except Exception as e:
+                    _warn(f"incr store {self.store_path}: lookup failed ({e}); computing "
+                          f"{m.label()}", DamagedRecordWarning)
+                    return self.no_match(p)
+                if d is None:
+                    return self.no_match(p)
+                p.resolved.append(d)
+            if d.flags & F_DEFERRED:
+                # set aside in this pass: m waits with it; its lookup starts again then
                 p.cands = None
                 p.resolved = None
-                try:
-                    self.adopt(m, rec, resolved)
-                except _keys.DecodeError as e:
-                    _warn(f"incr store {self.store_path}: the stored value of "
-                          f"{m.label()} does not decode ({e}); recomputing",
-                          DamagedRecordWarning)
-                    self.n_store_misses += 1
-                    return NOMATCH
+                p.node = None
+                m.flags |= F_DEFERRED
+                self.deferred.append(m)
                 return DONE
-            p.ci += 1
-            p.di = 0
-            p.resolved = []
+            if isinstance(d, Instance) and _needs_work(d) and not (
+                    not (d.flags & F_HAS_VALUE) and d in self.failed):
+                # (an instance that failed in this pass is not pushed again: a mismatch)
+                if d.flags & (F_VERIFYING | F_RUNNING):
+                    return self.no_match(p)
+                d.flags |= F_VERIFYING
+                stack.append(d)
+                idx.append(0)
+                return PUSHED
+            if not (d.flags & F_HAS_VALUE) or not self.value_hash(d):
+                return self.no_match(p)
+            if isinstance(d, Input):
+                p.node = _index_step(p.node, b"i", (<Input>d).name.encode("utf-8"), d.vhash)
+            else:
+                p.node = _index_step(p.node, b"c", (<Instance>d).persist.ikey, d.vhash)
+            p.di += 1
+        rec = <Record>p.cands[0]
+        resolved = p.resolved
+        if rec.ndeps != len(resolved):
+            return self.no_match(p)
+        for i in range(rec.ndeps):
+            d = <Node>resolved[i]
+            if not _dep_names(rec, i, d) or not _blob_equals(rec.data, _dep_hash_at(rec, i),
+                                                             d.vhash):
+                return self.no_match(p)
+        if m.cell.is_llm:
+            # a candidate withdrawn by evidence (or a node not stable) is not taken back
+            from incr import llmnodes as _llm
+            if not _llm._may_adopt(self, m, _blob_bytes(rec.data, rec.vh_at)):
+                return self.no_match(p)
         p.cands = None
         p.resolved = None
+        try:
+            self.adopt(m, rec, resolved)
+        except _keys.DecodeError as e:
+            _warn(f"incr store {self.store_path}: the stored value of "
+                  f"{m.label()} does not decode ({e}); recomputing",
+                  DamagedRecordWarning)
+            self.n_store_misses += 1
+            return NOMATCH
+        return DONE
+
+    cdef int no_match(self, Persist p):
+        p.cands = None
+        p.resolved = None
+        p.node = None
         self.n_store_misses += 1
         return NOMATCH
 
-    cdef list candidates(self, bytes ikey):
-        # the sound records stored for ikey, most recent run first; a damaged one is reported
-        # to the store (a warning now, replaced at the next commit) and left out
-        cdef list out = []
-        cdef Record r
-        cdef bytes key
+    cdef object index_node(self, bytes key):
+        # the index node at key, or None: committed (in the pass's read transaction), with
+        # what waits for the next commit (durability="group") first
+        if self.store.pass_ops is None:
+            self.store.pass_cursor()
+        iops = <tuple>self.store._iops
+        v = iops[1]() if iops[0](key) else None
+        pending = <dict>self.store.pending_index
+        if pending:
+            items = pending.get(key)
+            if items is not None:
+                return _index_merge(v, items)
+        return v
+
+    cdef Record index_entry(self, bytes ikey, bytes key):
+        # the sound record of the entry `key` (of ikey), or None; a damaged one is reported
+        # to the store (a warning now, replaced at the next commit)
         cdef Py_ssize_t n = len(ikey)
-        ops = self.store.pass_ops
-        if ops is None:
-            ops = self.store.pass_cursor()
-        set_range, key_of, value_of, next_ = <tuple>ops   # bound once per pass
-        if set_range(ikey):
-            key = key_of()
-            while len(key) >= n and memcmp(PyBytes_AS_STRING(key), PyBytes_AS_STRING(ikey),
-                                           n) == 0:
-                try:
-                    out.append(_read_record(key, value_of()))
-                except ValueError as e:
-                    self.store.damaged_record(key, str(e))
-                if not next_():
-                    break
-                key = key_of()
-        if len(out) > 1:
-            out.sort(key=_minus_run)
-        return out
+        if len(key) <= n or key[:n] != ikey:
+            raise ValueError("it names an entry of another instance")
+        data = (<dict>self.store.pending).get(key)   # (waits for the next commit)
+        if data is None:
+            iops = <tuple>self.store._iops
+            if not iops[2](key):
+                return None            # dropped by gc
+            data = iops[3]()
+        try:
+            return _read_record(key, data)
+        except ValueError as e:
+            self.store.damaged_record(key, str(e))
+            return None
+
+    cdef object index_choose(self, bytes ikey, bytes v):
+        # What the index node v leads to: its alternatives (most recently written first) are
+        # the next dependency read (b"i" blob(name) | b"c" blob(identity) blob(args)
+        # blob(instance key)) or the entry (b"E" blob(entry key)); the first that names a
+        # node of this process (a dependency), or a sound entry (a Record), is taken; None if
+        # none does. ValueError if v is damaged. (After a dependency's code was edited, the
+        # node holds both identities: only the live one resolves.)
+        cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(v)
+        cdef Py_ssize_t n = len(v), at = 0, a, b, c, end
+        cdef unsigned char kind
+        if n == 0:
+            raise ValueError("an empty index node")
+        while at < n:
+            kind = p[at]
+            if at + 5 > n:
+                raise ValueError("an index node's item is cut short")
+            a = at + 1                          # the first blob
+            end = a + 4 + _u32(p + a)
+            if end > n:
+                raise ValueError("a blob overruns the index node")
+            if kind == 0x63:                    # 'c': two more blobs
+                b = end
+                if b + 4 > n:
+                    raise ValueError("a blob overruns the index node")
+                c = b + 4 + _u32(p + b)
+                if c + 4 > n:
+                    raise ValueError("a blob overruns the index node")
+                end = c + 4 + _u32(p + c)
+                if end > n:
+                    raise ValueError("a blob overruns the index node")
+                d = self.resolve_cell(v[a + 4:b].decode("utf-8", "strict"), v, b)
+                if d is not None:
+                    return d
+            elif kind == 0x69:                  # 'i'
+                d = self.inputs.get(v[a + 4:end].decode("utf-8", "strict"))
+                if d is not None:
+                    return d
+            elif kind == 0x45:                  # 'E'
+                rec = self.index_entry(ikey, v[a + 4:end])
+                if rec is not None:
+                    return rec
+            else:
+                raise ValueError("an unknown kind of index item")
+            at = end
+        return None
 
     cdef void adopt(self, Instance m, Record rec, list resolved) except *:
         cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(rec.data)
@@ -2122,17 +2204,24 @@ cdef class Runtime:
         name = _rec_str(rec, _u32(p + at + 1))
         if p[at] == 0x69:   # 'i'
             return self.inputs.get(name)
-        args_at = at + 5
-        args_n = _u32(p + args_at)
+        return self.resolve_cell(name, rec.data, at + 5)
+
+    cdef Node resolve_cell(self, str name, bytes data, Py_ssize_t args_at):
+        # The instance named by cell identity `name` and the blobs at args_at in data: its
+        # canonical arguments, then its instance key, which must agree; or None.
+        cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t args_n = _u32(p + args_at)
+        cdef Cell c
+        cdef Instance n
         co = _stored_cells.get(name, _stored_cells)
         if co is _stored_cells:
             co = _keys.stored_cell(name)
         if co is None:
             return None
         c = <Cell>co
-        args = _decode_simple(rec.data, args_at + 4, args_n)
+        args = _decode_simple(data, args_at + 4, args_n)
         if args is _NOT_SIMPLE:
-            args = _stored_args(self, rec.data[args_at + 4:args_at + 4 + args_n])
+            args = _stored_args(self, data[args_at + 4:args_at + 4 + args_n])
             if args is None:
                 return None
         elif type(args) is not tuple:
@@ -2143,8 +2232,8 @@ cdef class Runtime:
             return None
         if n.persist is None:
             # its persistent identity is the reference we resolved: no need to re-encode
-            self.persist_with(n, name, _blob_bytes(rec.data, args_at))
-        if not n.persist.ok or not _blob_equals(rec.data, args_at + 4 + args_n, n.persist.ikey):
+            self.persist_with(n, name, _blob_bytes(data, args_at))
+        if not n.persist.ok or not _blob_equals(data, args_at + 4 + args_n, n.persist.ikey):
             return None   # the record does not agree with itself: not this instance
         return n
 
@@ -2205,7 +2294,8 @@ cdef class Runtime:
             return  # it read something that cannot be named or hashed: nothing to verify it by
         trace = _keys.digest("trace", _msgpack.packb(deps, use_bin_type=True), self.hash)
         self.store.put(p.ikey + trace, _pack_record(p.ident, n.label(), p.args, val, n.vhash,
-                                                    stored, self.store.run))
+                                                    stored, self.store.run),
+                       _index_nodes(p.ikey, p.ikey + trace, stored))
 
     cdef list refs(self, object nodes, list stored=None):
         # [kind, ref, value hash] naming each node (and, into ``stored``, the same with
@@ -2235,13 +2325,15 @@ cdef class Runtime:
         return out
 
     cdef void flush(self, bint quiet) except *:
+        # the end of a top-level demand or pass: commit now ("sync") or within the group
+        # interval ("group", see Store.commit_due)
         if quiet:
             try:
-                self.store.commit()
+                self.store.commit_due()
             except Exception:
                 pass
         else:
-            self.store.commit()
+            self.store.commit_due()
 
     cdef bint run_in_stack(self, Instance m, bint bottom) except -1:
         # Run m from a verification stack. A failure of an instance that is not the one
@@ -3001,6 +3093,58 @@ cdef bytes _pack_record(str ident, str label, bytes args, bytes val, bytes vh, l
     return (b"iR" + bytes((REC_FORMAT, REC_KIND)) + len(payload).to_bytes(4, "big")
             + _xxh64(<const unsigned char *>PyBytes_AS_STRING(payload),
                      len(payload)).to_bytes(8, "big") + payload)
+
+
+# --- the index (layout in incr/store.py) -----------------------------------------------------
+
+cdef bytes _INDEX_ROOT = bytes(16)
+
+
+cdef bytes _index_step(bytes node, bytes kind, bytes ref, bytes h):
+    # the index node after `node` once the dependency `ref` (an input's UTF-8 name, or a
+    # cell's instance key) read a value of hash h
+    return _xxh3_128_digest(node + kind + len(ref).to_bytes(4, "big") + ref
+                            + len(h).to_bytes(4, "big") + h)
+
+
+cdef list _index_nodes(bytes ikey, bytes entry, list deps):
+    # the index nodes, (key, value), that lead from ikey's root to `entry` through deps,
+    # given as _pack_record takes them: ("i", name, hash) or ("c", identity, args, ikey, hash)
+    cdef bytes node = _INDEX_ROOT
+    cdef list out = []
+    for d in deps:
+        if d[0] == "i":
+            name = (<str>d[1]).encode("utf-8")
+            out.append((ikey + node, b"i" + _blob_of(name)))
+            node = _index_step(node, b"i", name, d[2])
+        else:
+            out.append((ikey + node, b"c" + _blob_of((<str>d[1]).encode("utf-8"))
+                        + _blob_of(d[2]) + _blob_of(d[3])))
+            node = _index_step(node, b"c", d[3], d[4])
+    out.append((ikey + node, b"E" + _blob_of(entry)))
+    return out
+
+
+def index_nodes(bytes ikey, bytes entry, list deps):
+    """The index nodes (key, value) of one entry, deps as ``unpack_record`` gives them (for
+    incr.store: rebuilding the index; tests)."""
+    conv = []
+    for kind, ref, h in deps:
+        conv.append(("i", ref, h) if kind == "i" else ("c", ref[0], ref[1], ref[2], h))
+    return _index_nodes(ikey, entry, conv)
+
+
+cdef bint _dep_names(Record r, Py_ssize_t i, Node d):
+    # whether dependency i of r names d: an input by its name, a cell by its instance key
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(r.data)
+    cdef Py_ssize_t at = r.deps_at[i]
+    if p[at] == 0x69:   # 'i'
+        return isinstance(d, Input) and _rec_str(r, _u32(p + at + 1)) == (<Input>d).name
+    if not isinstance(d, Instance) or (<Instance>d).persist is None:
+        return False
+    at += 5
+    at += 4 + _u32(p + at)        # past the arguments: the instance key
+    return _blob_equals(r.data, at, (<Instance>d).persist.ikey)
 
 
 def read_record(data, key=b""):

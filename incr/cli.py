@@ -242,7 +242,11 @@ def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_j
     verb = "would drop" if dry_run else "dropped"
     out.write(f"{path}: {verb} {result['dropped']} of {result['entries']} entries "
               f"({result['bytes_freed']} bytes); kept {result['kept']} reachable from the "
-              f"latest {keep_runs} run(s)\n")
+              f"latest {keep_runs} run(s) of each program\n")
+    for p in result.get("programs", []):
+        name = p["program"] if p["program"] is not None else "(runs with no recorded program)"
+        out.write(f"  {name}: runs {', '.join(map(str, p['runs']))}; {p['roots']} entries "
+                  f"used\n")
     if "compacted" in result:
         c = result["compacted"]
         out.write(f"{path}: compacted data.mdb from {c['before']} to {c['after']} bytes\n")
@@ -282,7 +286,8 @@ def _parser() -> argparse.ArgumentParser:
     p_gc = sub.add_parser("gc", help="drop entries the latest runs cannot reach")
     p_gc.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
     p_gc.add_argument("--keep-runs", type=int, default=1, metavar="N",
-                      help="entries used by the latest N runs are roots (default 1)")
+                      help="entries used by the latest N runs of each program (its "
+                           "command line) are roots (default 1)")
     p_gc.add_argument("--max-bytes", type=int, default=None, metavar="B",
                       help="then drop least recently used entries until under B bytes")
     p_gc.add_argument("--dry-run", action="store_true",

@@ -16,10 +16,30 @@ and ``compact`` an exclusive one):
   folds the log into ``used`` (one update per distinct tag); so does ``gc``.
   ``Store.usage()`` reports both, per entry key. Usage is advisory (inspect, gc): two entries
   whose tags collide (about 2**-64 per pair) share it, and a damaged log entry is skipped.
+- ``index``   how a lookup finds the entry that matches an instance's current dependencies
+  without reading the others (a trie over the dependencies, as read). Key = instance key + a
+  16-byte node id; the root is 16 zero bytes, and the node after node N once dependency D read
+  a value of hash H is XXH3-128(N | kind | len | ref | len | H), ref being an input's UTF-8
+  name or a cell's instance key. Value = up to INDEX_ITEMS items, the latest written first:
+  the next dependency the traces through N read, ``b"i"`` + blob(name) or ``b"c"`` +
+  blob(identity) + blob(args) + blob(instance key), or, where they read no more, ``b"E"`` +
+  blob(entry key). Usually one item; several after a dependency's code was edited (each
+  identity its own item: a lookup takes the first that names a live cell) or for a cell that
+  reads differently on equal values. Written with each entry; rebuilt by ``incr gc``. A
+  lookup walks it, bringing each dependency up to date, then checks the entry's record
+  against what it walked: the index is a guide, never a value (a damaged node is a miss plus
+  a DamagedRecordWarning, and is replaced when the value is written again);
+- ``runs``    per run (u64) that counted itself: the id (u32) of its *program*;
+- ``programs`` per program (its command line, ``_program``: the main script's absolute path
+  and its arguments, JSON): its id (u32); ``meta`` ``programs`` counts them;
+- ``used_by`` usage per program, folded with ``used``: key = usage tag + program id (u32),
+  value = the last run (u64) of that program that wrote or took the entry. ``incr gc
+  --keep-runs N`` keeps what the latest N runs *of each program* used (not the latest N runs
+  of the store: another program's results are not dropped because it ran less recently);
 - ``nodes``   per LLM node instance key: its state (candidates, verdict ledger, attempt log),
   a record of kind 2 written by incr.llmnodes, committed in the same transaction as entries.
 
-A record (format 2) is a 16-byte header — magic ``iR``, format version, kind, payload length
+A record (format 3; its layout is format 2's) is a 16-byte header — magic ``iR``, format version, kind, payload length
 (u32), XXH64 of the payload (u64, ``keys.checksum``) — then the payload; every integer is big endian, a *blob*
 is a u32 length and that many bytes, a *string* a blob of UTF-8::
 
@@ -44,10 +64,12 @@ handles it opened itself.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
 import gc
+import json
 import os
 import stat
 import struct
@@ -62,7 +84,9 @@ import lmdb
 
 from incr.errors import StoreError
 
-FORMAT = 2                        # of the store and of its records
+FORMAT = 3                        # of the store and of its records (3: the index)
+UPGRADE = {b"2"}                  # formats whose stores are emptied and reused (their entries
+                                  # become misses: never a wrong value)
 MAGIC = b"iR"
 HEADER = struct.Struct(">2sBBI8s")
 MAX_RECORD = 64 << 20             # a record larger than this is damaged by definition
@@ -79,6 +103,10 @@ USAGE = struct.Struct(">QQ")       # hits, last run that wrote or took the entry
 LOG_KEY = struct.Struct(">QI")    # run, sequence
 FOLD_AT = 64                      # log entries that make a commit fold the log into ``used``
 FOLD_SLACK_PAGES = 64             # ... or log pages beyond a quarter of the entries' + this
+DURABILITY = ("group", "sync")    # Runtime(durability=...): the first is the default
+GROUP_INTERVAL = 0.05             # "group": seconds a result may wait in memory before its commit
+GROUP_RECORDS = 2000              # ... or records (or GROUP_BYTES of them) that commit at once
+GROUP_BYTES = 16 << 20
 
 
 def _usage(v: bytes | None) -> tuple[int, int]:
@@ -299,7 +327,13 @@ class Store:
     environment raises StoreError. So no thread ever uses a handle another thread freed."""
 
     def __init__(self, path: Any, *, max_bytes: int | None = None, count_run: bool = True,
-                 create: bool = True):
+                 create: bool = True, durability: str = "sync"):
+        if durability not in DURABILITY:
+            raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
+                             f"{durability!r:.80}")
+        self.durability = durability
+        self.interval = GROUP_INTERVAL     # (read once: tests set the module constants first)
+        self.group_records = GROUP_RECORDS
         self.path = store_path(path)
         self.max_bytes = max_bytes
         self.count_run = count_run
@@ -308,18 +342,32 @@ class Store:
         self.closed = False
         self.pending: dict[bytes, bytes] = {}
         self.pending_nodes: dict[bytes, bytes] = {}
+        self.pending_index: dict[bytes, list[bytes]] = {}   # node -> items, oldest first
         self.hit_tags = bytearray()      # usage tags of the entries taken, once per hit
         self.seq = 0                      # log entries this run has written
         self.reader = None               # a read transaction kept for one pass (end_pass)
         self.cursor = None               # a cursor of that transaction on ``entries``
         self._ops = None                 # its bound methods (see pass_cursor)
+        self._iops = None                # ... and those the index lookup uses (pass_cursor)
         self.damaged: set[bytes] = set() # damaged entries seen: replaced at the next commit
-        self._cond = threading.Condition(threading.RLock())
+        self._lk = threading.RLock()     # _cond's lock (taken directly where it is hot)
+        self._cond = threading.Condition(self._lk)
         self._users: dict[int, int] = {} # thread ident -> transactions of ours it has open
         self._pass_thread: int | None = None
+        self._parked = False             # "group": the pass outlives its top-level demand (its
+        self._pass_began = 0.0           # thread uses no cursor until unparked, see pass_ops)
         self._draining = 0               # commit/close waiting for other threads' transactions
         self._unlock = None              # releases the shared flock on incr.lock
-        self._open()
+        # group commit: the buffers are swapped under _buf_lock (writers from another thread
+        # append under it); _since is when the oldest uncommitted result was buffered (None:
+        # nothing waits), guarded by _timer, which the commit thread waits on
+        self._buf_lock = threading.Lock()
+        self._pending_bytes = 0
+        self._since: float | None = None
+        self._timer = threading.Condition(threading.Lock())
+        self._timer_thread: threading.Thread | None = None
+        self._bg_error: BaseException | None = None   # a background commit's failure, raised
+        self._open()                                   # by the next commit of the runtime
 
     # -- opening --------------------------------------------------------------------------
 
@@ -391,20 +439,39 @@ class Store:
         if os.path.exists(data):
             size = max(size, os.path.getsize(data) * 2)
         try:
-            env = lmdb.open(path, map_size=size, max_dbs=8, mode=0o600, subdir=True,
-                            readahead=False, meminit=False, max_readers=256)
+            # "group": the meta page is not flushed by each commit but by the next one (LMDB's
+            # MDB_NOMETASYNC: integrity kept, a power loss may undo the last commit)
+            env = lmdb.open(path, map_size=size, max_dbs=12, mode=0o600, subdir=True,
+                            readahead=False, meminit=False, max_readers=256,
+                            metasync=self.durability == "sync")
         except lmdb.Error as e:
             raise _explain(path, e, "opening it") from None
         try:
             env.reader_check()
-            self.meta = env.open_db(b"meta")
-            self.entries = env.open_db(b"entries")
-            self.used = env.open_db(b"used")
-            self.nodes = env.open_db(b"nodes")
-            self.log = env.open_db(b"log")
             with _begin(env, write=True) as txn:
+                # (the databases are opened in this transaction: _begin adopted a map another
+                # process grew, which open_db's own transaction would refuse, MAP_RESIZED)
+                self.meta = env.open_db(b"meta", txn=txn)
+                self.entries = env.open_db(b"entries", txn=txn)
+                self.used = env.open_db(b"used", txn=txn)
+                self.nodes = env.open_db(b"nodes", txn=txn)
+                self.log = env.open_db(b"log", txn=txn)
+                self.index = env.open_db(b"index", txn=txn)
+                self.runs = env.open_db(b"runs", txn=txn)
+                self.programs = env.open_db(b"programs", txn=txn)
+                self.used_by = env.open_db(b"used_by", txn=txn)
                 fmt = txn.get(b"format", db=self.meta)
-                if fmt is None:
+                if fmt in UPGRADE:
+                    # an older layout: its entries are not indexed and their records carry
+                    # the old format; dropped, so they become misses and are written anew
+                    for db in (self.entries, self.used, self.log, self.nodes, self.index,
+                               self.runs, self.programs, self.used_by):
+                        txn.drop(db, delete=False)
+                    txn.put(b"format", str(FORMAT).encode(), db=self.meta)
+                    warnings.warn(f"incr store {path} was written in format {fmt.decode()}; "
+                                  f"it now has format {FORMAT} and its old results are "
+                                  f"computed again", DamagedRecordWarning, stacklevel=4)
+                elif fmt is None:
                     if txn.stat(self.entries)["entries"]:
                         raise StoreError(f"store {path} has entries but no format record")
                     txn.put(b"format", str(FORMAT).encode(), db=self.meta)
@@ -417,6 +484,14 @@ class Store:
                 if self.count_run:
                     run += 1
                     txn.put(b"runs", str(run).encode(), db=self.meta)
+                    prog = _program().encode("utf-8", "surrogateescape")
+                    pid = txn.get(prog, db=self.programs)
+                    if pid is None or len(pid) != 4:
+                        n = int(txn.get(b"programs", b"0", db=self.meta)) + 1
+                        txn.put(b"programs", str(n).encode(), db=self.meta)
+                        pid = n.to_bytes(4, "big")
+                        txn.put(prog, pid, db=self.programs)
+                    txn.put(run.to_bytes(8, "big"), pid, db=self.runs)
         except StoreError:
             env.close()
             raise
@@ -431,12 +506,35 @@ class Store:
         self.pid = os.getpid()
         _live.add(self)
 
+    def __del__(self) -> None:
+        # a Runtime dropped without close(): what "group" durability still buffers is written
+        try:
+            if (not self.closed and self.env is not None and self.pid == os.getpid()
+                    and self._buffered()):
+                self.commit(wait=1.0)
+        except Exception:
+            pass
+
     def _forget_after_fork(self) -> None:
         """In a fork()ed child (see _after_fork_in_child): drop what belongs to the parent."""
         env, self.env = self.env, None
         self.reader, self.cursor, self._ops = None, None, None
-        self._cond = threading.Condition(threading.RLock())
+        self._lk = threading.RLock()
+        self._cond = threading.Condition(self._lk)
+        # what the parent buffered is the parent's to write (it committed what it could just
+        # before the fork); the commit thread did not cross the fork
+        self._buf_lock = threading.Lock()
+        self._timer = threading.Condition(threading.Lock())
+        self._timer_thread = None
+        self._since, self._bg_error = None, None
+        # a forked child usually ends with os._exit(), which skips atexit (multiprocessing's
+        # workers do): in the child, the inherited store commits every top-level demand
+        self.durability = "sync"
+        self.pending, self.pending_nodes, self.pending_index = {}, {}, {}
+        self.hit_tags, self.damaged, self._pending_bytes, self.seq = bytearray(), set(), 0, 0
+        self._iops = None
         self._users, self._pass_thread, self._draining = {}, None, 0
+        self._parked = False
         if self._unlock is not None:
             self._unlock()   # our copy of the descriptor: the parent's lock stays
         if env is not None:
@@ -491,16 +589,23 @@ class Store:
                 self._users.pop(me, None)
                 self._cond.notify_all()
 
-    def _drain(self) -> None:
+    def _drain(self, wait: float | None = None) -> bool:
         """Wait until no other thread has a transaction of ours open (call with self._cond
-        held). A thread that ended with one open has abandoned it: it is forgotten."""
+        held). A thread that ended with one open has abandoned it: it is forgotten. With
+        ``wait``: False if they still have one after that many seconds."""
         me = threading.get_ident()
+        end = None if wait is None else time.monotonic() + wait
         self._draining += 1
         try:
             while True:
                 others = [t for t, n in self._users.items() if t != me and n > 0]
+                if others and self._parked and self._pass_thread in others:
+                    self._release_pass()    # parked: its thread is between demands
+                    continue
                 if not others:
-                    return
+                    return True
+                if end is not None and time.monotonic() >= end:
+                    return False
                 alive = {t.ident for t in threading.enumerate()}
                 for t in others:
                     if t not in alive:
@@ -533,6 +638,8 @@ class Store:
         """Commit nothing (the runtime commits first), apply max_bytes, close the environment.
         From another thread: waits until that thread's transaction or pass has ended.
         Idempotent."""
+        with self._timer:
+            self._timer.notify_all()        # the commit thread sees `closed` and ends
         with self._cond:
             if self.closed:
                 return
@@ -565,19 +672,79 @@ class Store:
     def pass_ops(self) -> tuple | None:
         """The pass's cursor methods (see pass_cursor), for the thread that began the pass;
         None for any other (it must call pass_cursor), and in a forked child (the fork
-        handler forgets the pass). Read before every lookup: kept cheap."""
+        handler forgets the pass). Read before every lookup: kept cheap. A parked pass is
+        unparked first (or ended, and None returned, if it is older than the interval)."""
         if self._pass_thread == threading.get_ident():
+            if self._parked:
+                return self._unpark()
             return self._ops
         return None
+
+    def _unpark(self) -> tuple | None:
+        with self._lk:
+            if not self._parked or self._pass_thread != threading.get_ident():
+                return None                 # released by a commit of another thread
+            self._parked = False
+            if time.monotonic() - self._pass_began > self.interval:
+                self.end_pass()             # a newer snapshot: what others wrote since
+                return None
+            return self._ops
+
+    def park_pass(self) -> None:
+        """The end of a top-level demand ("group"): keep the pass's read transaction for the
+        next demand of this thread, if it is younger than the interval; otherwise end it. A
+        parked pass is ended by a commit (of any thread), by close, and by the commit thread
+        once it is older than the interval."""
+        if self.reader is None or self._pass_thread != threading.get_ident():
+            return
+        if time.monotonic() - self._pass_began > self.interval:
+            self.end_pass()
+            return
+        self._parked = True
+        if self._draining:                  # a commit of another thread waits for it
+            with self._cond:
+                self._cond.notify_all()
+
+    def _commit_from_timer(self) -> None:
+        """The interval is over: end a parked pass, commit what is buffered."""
+        with self._cond:
+            if self._parked and self.reader is not None:
+                self._release_pass()
+            with self._timer:
+                if not self._buffered():
+                    self._since = None
+        self.commit()
+
+    def _release_pass(self) -> None:
+        """End the pass (call with _cond held): its own thread's, or a parked one."""
+        reader = self.reader
+        owner = self._pass_thread
+        self.reader, self.cursor, self._ops, self._iops = None, None, None, None
+        self._pass_thread = None
+        self._parked = False
+        if os.getpid() == self.pid and reader is not None:
+            try:
+                reader.abort()
+            except lmdb.Error:
+                pass
+        n = self._users.get(owner, 0) - 1
+        if n > 0:
+            self._users[owner] = n
+        else:
+            self._users.pop(owner, None)
+        self._cond.notify_all()
 
     def pass_cursor(self) -> tuple:
         """The methods set_range, key, value and next of a cursor on ``entries`` in the pass's
         read transaction (begun if none is open; see ``end_pass``), also kept as ``pass_ops``
         until the pass ends. The runtime walks it to find an instance's entries; values are
         bytes (``buffers=False``). Only the thread that began the pass may use it: another
-        gets StoreError while it lasts."""
+        gets StoreError while it lasts. ``_iops`` then holds set_key and value of a cursor on
+        ``index`` and set_key and value of the one on ``entries``, for the index lookup."""
         me = threading.get_ident()
         with self._cond:
+            if self.reader is not None and self._parked:
+                self._release_pass()            # (its thread is between demands)
             env = self._enter()
             if self.reader is not None:
                 self._leave()                   # (the pass is counted once)
@@ -588,10 +755,14 @@ class Store:
             # claimed first, so that an interrupt (Ctrl-C lands at any bytecode) never leaves
             # a reader that no thread owns
             self._pass_thread = me
+            self._parked = False
+            self._pass_began = time.monotonic()
             try:
                 self.reader = _begin(env, db=self.entries, buffers=False)  # adopts a grown map
                 self.cursor = self.reader.cursor()
                 c = self.cursor
+                ic = self.reader.cursor(db=self.index)
+                self._iops = (ic.set_key, ic.value, c.set_key, c.value)
                 self._ops = (c.set_range, c.key, c.value, c.next)
             except BaseException as e:
                 reader = self.reader
@@ -624,7 +795,9 @@ class Store:
             return txn.get(ikey)
 
     def put_node(self, ikey: bytes, record: bytes) -> None:
-        self.pending_nodes[ikey] = record
+        with self._buf_lock:
+            self.pending_nodes[ikey] = record
+            self._pending_bytes += len(record)
 
     def end_pass(self) -> None:
         """Close the pass's read transaction (before a commit, and at the end of a pass).
@@ -632,15 +805,7 @@ class Store:
         with self._cond:
             if self.reader is None or self._pass_thread != threading.get_ident():
                 return
-            reader = self.reader
-            self.reader, self.cursor, self._ops = None, None, None
-            self._pass_thread = None
-            if os.getpid() == self.pid:
-                try:
-                    reader.abort()
-                except lmdb.Error:
-                    pass
-            self._leave()
+            self._release_pass()
 
     def iter_records(self) -> Iterator[tuple[bytes, dict | None, int]]:
         """Every entry: (key, record or None if damaged, size in bytes)."""
@@ -677,6 +842,38 @@ class Store:
                     out[k] = u
         return out
 
+    def programs_usage(self) -> tuple[dict[int, str], dict[int, int],
+                                      dict[bytes, dict[int, int]]]:
+        """(program id -> program, run -> program id, entry key -> {program id: last run
+        that wrote or took it}): ``used_by`` plus the log. Runs before this was recorded have
+        no program."""
+        by_tag: dict[bytes, dict[int, int]] = {}
+        out = {}
+        with self._txn("reading its usage per program", buffers=False) as txn:
+            names = {}
+            for k, v in txn.cursor(db=self.programs):
+                if len(v) == 4:
+                    names[int.from_bytes(v, "big")] = k.decode("utf-8", "replace")
+            runs = {r: int.from_bytes(p, "big")
+                    for r, p in _run_programs(txn, self.runs).items()}
+            for k, v in txn.cursor(db=self.used_by):
+                if len(k) == 12 and len(v) == 8:
+                    d = by_tag.setdefault(k[:8], {})
+                    pid, last = int.from_bytes(k[8:], "big"), int.from_bytes(v, "big")
+                    d[pid] = max(d.get(pid, 0), last)
+            for run, _hit, tags in _log_entries(txn, self.log):
+                pid = runs.get(run)
+                if pid is None:
+                    continue
+                for t in tags:
+                    d = by_tag.setdefault(t, {})
+                    d[pid] = max(d.get(pid, 0), run)
+            for k in txn.cursor(db=self.entries).iternext(keys=True, values=False):
+                u = by_tag.get(usage_tag(k))
+                if u is not None:
+                    out[k] = u
+        return names, runs, out
+
     def fold(self) -> None:
         """Fold the log into ``used`` (one write transaction)."""
         with self._txn("folding its usage log", write=True) as txn:
@@ -694,10 +891,20 @@ class Store:
     def _fold(self, txn: lmdb.Transaction) -> None:
         hits: Counter[bytes] = Counter()
         last: dict[bytes, int] = {}
+        by: dict[bytes, int] = {}          # usage tag + program id -> last run
+        progs = _run_programs(txn, self.runs)
         for run, hit, tags in _log_entries(txn, self.log):   # in run order (the key's order)
             last.update(dict.fromkeys(tags, run))
             if hit:
                 hits.update(tags)
+            pid = progs.get(run)
+            if pid is not None:
+                by.update(dict.fromkeys([t + pid for t in tags], run))
+        ub = self.used_by
+        for k in sorted(by):
+            v = txn.get(k, db=ub)
+            if v is None or len(v) != 8 or int.from_bytes(v, "big") < by[k]:
+                txn.put(k, by[k].to_bytes(8, "big"), db=ub)
         cur = txn.cursor(db=self.used)
         old = dict(cur.iternext())   # one forward walk (a fold usually touches most tags)
         pack, unpack, size, out = USAGE.pack, USAGE.unpack, USAGE.size, []
@@ -710,24 +917,79 @@ class Store:
 
     # -- writing --------------------------------------------------------------------------
 
-    def put(self, key: bytes, record: bytes) -> None:
-        self.pending[key] = record
+    def put(self, key: bytes, record: bytes, index: list | None = None) -> None:
+        """Buffer the entry ``key`` and the index nodes, (key, value), that lead to it."""
+        with self._buf_lock:
+            self.pending[key] = record
+            self._pending_bytes += len(record)
+            if index:
+                pi = self.pending_index
+                for k, v in index:
+                    items = pi.get(k)
+                    if items is None:
+                        pi[k] = [v]
+                    elif items[-1] != v:
+                        items.append(v)
 
     def hit(self, key: bytes) -> None:
         """Count one hit of the entry ``key`` (the runtime appends to ``hit_tags`` itself)."""
         self.hit_tags += usage_tag(key)
 
     def _buffered(self) -> bool:
-        return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes)
+        return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes
+                    or self.pending_index)
 
-    def commit(self) -> None:
+    def commit_due(self) -> None:
+        """The end of a top-level demand or stabilization. "sync": commit now. "group": end
+        the pass's read transaction, and commit only if the oldest buffered result has waited
+        GROUP_INTERVAL or GROUP_RECORDS (GROUP_BYTES) are buffered; otherwise the commit
+        thread commits them when the interval is over (and close, exit and fork do)."""
+        if self.durability == "sync" or self._bg_error is not None:
+            self.commit()
+            return
+        now = time.monotonic()
+        if self.reader is not None and self._pass_thread == threading.get_ident():
+            self.park_pass()
+        since = self._since
+        if since is not None:   # (read unlocked: see the end of _write)
+            if (now - since >= self.interval or len(self.pending) >= self.group_records
+                    or self._pending_bytes >= GROUP_BYTES):
+                self.commit()
+            return
+        if not self._parked and not self._buffered():
+            return
+        with self._timer:
+            since = self._since
+            if since is None:
+                if not self._buffered():   # only a parked pass: the thread ends it in time
+                    self._since = self._pass_began
+                else:
+                    self._since = now
+                t = self._timer_thread
+                if t is None or not t.is_alive():
+                    t = self._timer_thread = threading.Thread(
+                        target=_group_committer, args=(weakref.ref(self), self._timer),
+                        name="incr-store-commit", daemon=True)
+                    t.start()
+                self._timer.notify()
+                return
+        if (now - since >= self.interval or len(self.pending) >= self.group_records
+                or self._pending_bytes >= GROUP_BYTES):
+            self.commit()
+
+    def commit(self, wait: float | None = None) -> bool:
         """Write everything buffered in one transaction. Raises StoreError (buffers dropped,
         earlier commits intact) if the disk or the map is full, the store refuses the write or
-        it is closed. Waits until other threads' transactions (a pass) have ended."""
+        it is closed, or if a background commit failed since the last call (see commit_due).
+        Waits until other threads' transactions (a pass) have ended: at most ``wait`` seconds
+        if given, then gives up and returns False (the buffers stay)."""
         with self._cond:
             self.end_pass()
+            err, self._bg_error = self._bg_error, None
+            if err is not None:
+                raise err
             if not self._buffered():
-                return
+                return True
             if self.closed:
                 lost = len(self.pending) + len(self.pending_nodes)
                 self.pending, self.pending_nodes = {}, {}
@@ -735,21 +997,27 @@ class Store:
                 raise StoreError(f"store {self.path} is closed (rt.close() was called, perhaps "
                                  f"by another thread); {lost} results computed since then were "
                                  f"not saved")
-            self._drain()
+            if not self._drain(wait):
+                return False
             env = self._env()    # (reopened in a forked child: the parent's buffers dropped)
             if not self._buffered():
-                return
+                return True
             me = threading.get_ident()
             self._users[me] = self._users.get(me, 0) + 1
             try:
                 self._write(env)
             finally:
                 self._leave()
+            return True
 
     def _write(self, env: lmdb.Environment) -> None:
-        pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
-        nodes = self.pending_nodes
-        self.pending, self.hit_tags, self.damaged, self.pending_nodes = {}, bytearray(), set(), {}
+        with self._buf_lock:
+            pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
+            nodes, index = self.pending_nodes, self.pending_index
+            self.pending, self.hit_tags, self.damaged = {}, bytearray(), set()
+            self.pending_nodes, self.pending_index, self._pending_bytes = {}, {}, 0
+        with self._timer:
+            self._since = None
         need = sum(map(len, pending.values())) + sum(map(len, nodes.values()))
         logs = []
         if pending:
@@ -770,6 +1038,12 @@ class Store:
                         txn.put(k, pending[k], db=self.entries, overwrite=False)
                     for k in sorted(nodes):   # node states: the latest writer wins
                         txn.put(k, nodes[k], db=self.nodes)
+                    idx = self.index          # index nodes: the latest item first
+                    for k in sorted(index):
+                        old = txn.get(k, db=idx)
+                        v = _index_merge(old, index[k])
+                        if v != old:
+                            txn.put(k, v, db=idx)
                     # usage: one log entry per kind, not one update per entry (see _fold)
                     seq = self.seq
                     for v in logs:
@@ -778,6 +1052,11 @@ class Store:
                     if self._log_is_full(txn):
                         self._fold(txn)
                 self.seq = seq
+                if self._buffered():   # buffered by another thread meanwhile: in its interval
+                    with self._timer:
+                        if self._since is None:
+                            self._since = time.monotonic()
+                            self._timer.notify()
                 return
             except lmdb.MapFullError:
                 # grow from a quiescent point: our transaction is aborted, and no other thread
@@ -795,19 +1074,175 @@ class Store:
         raise _explain(self.path, lmdb.MapFullError("MDB_MAP_FULL after 8 doublings of the map"),
                        "writing")
 
+    def rebuild_index(self) -> int:
+        """Write the index anew from the sound entries (after gc dropped some): one write
+        transaction. Returns the number of index nodes."""
+        from incr._core import index_nodes
+        nodes: dict[bytes, list[bytes]] = {}
+        recs = [(k, r) for k, r, _size in self.iter_records() if r is not None]
+        recs.sort(key=lambda kr: kr[1]["run"])     # the latest run's items first, below
+        for key, rec in recs:
+            for k, v in index_nodes(key[:_ikey_len(key)], key, rec["deps"]):
+                items = nodes.setdefault(k, [])
+                if v not in items:
+                    items.append(v)
+        with self._txn("rebuilding its index", write=True) as txn:
+            txn.drop(self.index, delete=False)
+            cur = txn.cursor(db=self.index)
+            cur.putmulti([(k, _index_merge(None, v)) for k, v in sorted(nodes.items())])
+        return len(nodes)
+
     def delete(self, keys: list[bytes]) -> int:
         n = 0
         with self._txn("dropping entries", write=True) as txn:
             for k in keys:
                 n += bool(txn.delete(k, db=self.entries))
                 txn.delete(usage_tag(k), db=self.used)   # (fold first: see collect)
+                cur = txn.cursor(db=self.used_by)
+                tag = usage_tag(k)
+                if cur.set_range(tag):
+                    while cur.key()[:8] == tag and cur.delete():
+                        pass
         return n
+
+
+def _group_committer(ref: "weakref.ref[Store]", timer: threading.Condition) -> None:
+    """The commit thread of a "group" store: commits what waited GROUP_INTERVAL. Holds the
+    store weakly (a dropped Runtime's store is collected, and its __del__ commits), and ends
+    when the store is closed or gone."""
+    while True:
+        with timer:
+            s = ref()
+            if s is None or s.closed or s.pid != os.getpid():
+                return
+            since, interval = s._since, s.interval
+            del s
+            if since is None:
+                timer.wait()
+                continue
+            delay = since + interval - time.monotonic()
+            if delay > 0:
+                timer.wait(delay)
+                continue
+        s = ref()
+        if s is None:
+            return
+        try:
+            s._commit_from_timer()
+        except StoreError as e:
+            if not s.closed:
+                s._bg_error = e            # the runtime's next commit raises it
+        except Exception as e:             # (never lost silently)
+            s._bg_error = StoreError(f"store {s.path}: a background commit failed: {e!r}")
+        del s
+
+
+def _commit_buffered(wait: float) -> None:
+    """Commit what every open store of this process still buffers ("group" durability): at
+    exit. A store whose pass another thread still holds after ``wait`` seconds is left (its
+    results are computed again next time)."""
+    for s in list(_live):
+        try:
+            if s.closed or s.env is None or s.pid != os.getpid() or not s._buffered():
+                continue
+            s.commit(wait=wait)
+        except Exception as e:
+            warnings.warn(f"incr store {s.path}: results computed since the last commit were "
+                          f"not saved at exit ({e})", RuntimeWarning, stacklevel=1)
+
+
+def _before_fork() -> None:
+    # commit what the parent buffered, so that a child (its own Runtime on the store, a
+    # multiprocessing worker) finds it; only a store no thread is in the middle of using (no
+    # wait here: another thread may hold what the child would need)
+    for s in list(_live):
+        try:
+            if s.closed or s.env is None or s.pid != os.getpid() or not s._buffered():
+                continue
+            if not s._cond.acquire(blocking=False):
+                continue
+            try:
+                if s._parked and s.reader is not None:
+                    s._release_pass()         # (its thread is between demands)
+                if not s._users and s._bg_error is None:
+                    s._write(s.env)
+            finally:
+                s._cond.release()
+        except StoreError as e:
+            s._bg_error = e
+        except Exception:
+            pass
+
+
+atexit.register(_commit_buffered, 5.0)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
+
+
+INDEX_ITEMS = 8                   # alternatives an index node keeps (the latest written)
+_ITEM_BLOBS = {0x45: 1, 0x69: 1, 0x63: 3}   # E(ntry), i(nput), c(ell): blobs that follow
+
+
+def _index_items(v: bytes) -> list[bytes] | None:
+    """The items of an index node's value, or None if it is damaged."""
+    items, at, n = [], 0, len(v)
+    while at < n:
+        blobs = _ITEM_BLOBS.get(v[at])
+        if blobs is None:
+            return None
+        end = at + 1
+        for _ in range(blobs):
+            if end + 4 > n:
+                return None
+            end += 4 + int.from_bytes(v[end:end + 4], "big")
+            if end > n:
+                return None
+        items.append(v[at:end])
+        at = end
+    return items
+
+
+def _index_merge(old: bytes | None, new: list[bytes]) -> bytes:
+    """An index node's value: the items written now (the latest first), then the earlier ones
+    not among them, INDEX_ITEMS at most (a damaged earlier value is dropped)."""
+    out = list(reversed(new))
+    for it in (_index_items(old) or []) if old is not None else []:
+        if it not in out:
+            out.append(it)
+    return b"".join(out[:INDEX_ITEMS])
 
 
 def usage_tag(key: bytes) -> bytes:
     """The 8 bytes that stand for an entry key in usage: 4 of the instance key, 4 of the
     trace hash (both past the algorithm byte). incr._core makes the same tag for each hit."""
     return key[1:5] + key[-4:]
+
+
+def _program() -> str:
+    """This process's program, as gc groups runs: the main script's absolute path (or "-c",
+    "-m module", "<interactive>") and its arguments, as JSON."""
+    import sys
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    f = getattr(main, "__file__", None)
+    if spec is not None and getattr(spec, "name", None) and spec.name != "__main__":
+        head = f"-m {spec.name}"
+    elif f:
+        head = os.path.abspath(f)
+    elif sys.argv and sys.argv[0] == "-c":
+        head = "-c"
+    else:
+        head = "<interactive>"
+    return json.dumps([head] + [str(a) for a in sys.argv[1:]], ensure_ascii=False)
+
+
+def _run_programs(txn: lmdb.Transaction, db: Any) -> dict[int, bytes]:
+    """run -> program id (4 bytes) of every sound ``runs`` entry."""
+    out = {}
+    for k, v in txn.cursor(db=db):
+        if len(k) == 8 and len(v) == 4:
+            out[int.from_bytes(k, "big")] = v
+    return out
 
 
 def _log_entries(txn: lmdb.Transaction, db: Any) -> Iterator[tuple[int, int, list[bytes]]]:
@@ -883,17 +1318,55 @@ def trace(store: Store) -> tuple[dict, list]:
 
 def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = None,
             dry_run: bool = False) -> dict:
-    """Drop entries not reachable from the latest ``keep_runs`` runs (None: keep all), then
-    least recently used ones while the entries take more than ``max_bytes``."""
+    """Drop entries not reachable from what the latest ``keep_runs`` runs *of each program*
+    wrote or took (None: keep all), then least recently used ones while the entries take more
+    than ``max_bytes``. Runs without a recorded program (count_run=False, or older) form one
+    group. The report says, per program, the runs kept and how many entries they root."""
     usage = store.usage()
+    names, run_prog, by_prog = store.programs_usage()
     recs: dict[bytes, tuple[dict | None, int]] = {}
     for key, rec, size in store.iter_records():
         recs[key] = (rec, size)
     last_of = {k: max(usage.get(k, (0, 0))[1], (r or {}).get("run", 0)) for k, (r, _) in recs.items()}
     latest = max(last_of.values(), default=0)
     drop: set[bytes] = {k for k, (r, _) in recs.items() if r is None}   # damaged: useless
+    programs = []
     if keep_runs is not None:
-        roots = [k for k, last in last_of.items() if last > latest - keep_runs and k not in drop]
+        runs_of: dict[int, list[int]] = {}
+        for run, pid in run_prog.items():
+            runs_of.setdefault(pid, []).append(run)
+        # an entry's uses per program: used_by and the log, and the run that wrote it
+        uses: dict[bytes, dict[int, int]] = {}
+        for k, (r, _) in recs.items():
+            u = dict(by_prog.get(k, {}))
+            if r is not None and r["run"] in run_prog:
+                pid = run_prog[r["run"]]
+                u[pid] = max(u.get(pid, 0), r["run"])
+            uses[k] = u
+        floor = {pid: sorted(rs)[-keep_runs] if len(rs) >= keep_runs else min(rs)
+                 for pid, rs in runs_of.items()}
+        # an entry no run with a recorded program used: the latest keep_runs runs of the
+        # store, as before programs were recorded
+        unknown_floor = latest - keep_runs + 1
+        rooted: Counter[int] = Counter()
+        roots = []
+        for k in recs:
+            if k in drop:
+                continue
+            hit = [pid for pid, last in uses[k].items() if pid in floor and last >= floor[pid]]
+            if hit:
+                roots.append(k)
+                rooted.update(hit)
+            elif not uses[k] and last_of[k] >= unknown_floor:
+                roots.append(k)
+                rooted[-1] += 1
+        for pid, rs in sorted(runs_of.items()):
+            programs.append({"program": names.get(pid, f"#{pid}"),
+                             "runs": sorted(rs)[-keep_runs:], "roots": rooted.get(pid, 0)})
+        if rooted.get(-1):
+            programs.append({"program": None,
+                             "runs": list(range(max(1, unknown_floor), latest + 1)),
+                             "roots": rooted[-1]})
         by_instance: dict[bytes, list[bytes]] = {}
         for k in recs:
             by_instance.setdefault(k[:_ikey_len(k)], []).append(k)
@@ -926,8 +1399,9 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
     if not dry_run and drop:
         store.fold()   # so that no log entry names a dropped key
         store.delete(sorted(drop))
+        store.rebuild_index()   # (nodes that lead only to dropped entries go)
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
-            "bytes_freed": freed, "latest_run": latest}
+            "bytes_freed": freed, "latest_run": latest, "programs": programs}
 
 
 def compact(path: Any) -> tuple[int, int]:

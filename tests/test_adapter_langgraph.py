@@ -659,7 +659,7 @@ sys.path.insert(0, {path!r})
 import incr
 from {module} import crash_graph, INPUTS
 app, cache = crash_graph(Path({tmp!r}), Counter())
-with incr.Runtime(store={store!r}):
+with incr.Runtime(store={store!r}, durability="sync"):  # each finished node is durable
     app.invoke(dict(INPUTS[0]))
 """
 

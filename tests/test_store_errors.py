@@ -230,7 +230,9 @@ def test_full_disk(tmp_path, log):
         pytest.skip(f"cannot mount a 2 MiB tmpfs to fill: {why}")
     try:
         path = mnt / "store"
-        rt = incr.Runtime(store=path)
+        # "sync": every demand that returned is committed (with "group" an error drops the
+        # interval's results, which test_store_group covers)
+        rt = incr.Runtime(store=path, durability="sync")
 
         @incr.cell
         def blob(i):

@@ -19,7 +19,8 @@ ran = []
 
 def main():
     store, salt = sys.argv[1], int(sys.argv[2])
-    rt = incr.Runtime(store=store)
+    rt = incr.Runtime(store=store, durability="sync")   # one commit per demand (the
+    # group-commit version of this loop is test_store_group.py's, with group_child.py)
     s = rt.input("salt", salt)
 
     @incr.cell
