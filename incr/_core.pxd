@@ -251,6 +251,7 @@ cdef class Runtime:
     cdef void owe(self, list todo)
     cdef object stabilize_pass(self)
     cdef void leave(self)
+    cdef void apply_pending(self)
     cdef int attempt(self, Instance m, list stack, list idx) except -1
     cdef int probe_step(self, Instance m, list stack, list idx) except -1
     cdef void adopt(self, Instance m, Record rec, list resolved) except *

@@ -1066,7 +1066,7 @@ cdef class Runtime:
         self.report_log = log
         if not self.keep_failed:
             self.failed.clear()
-        cdef list suspended = []
+        cdef list suspended = None   # async work met by this pass (created when met)
         cdef int rejects = 0
         cdef int rounds = 0
         if (_run_ahead and self.max_workers != 1) or self.executor is not None:
@@ -1085,7 +1085,9 @@ cdef class Runtime:
                         try:
                             self.ensure(n)
                         except _Suspend as s:
-                            suspended.extend(s.works)  # async work: gathered, then done at once
+                            if suspended is None:      # async work: gathered, done at once
+                                suspended = []
+                            suspended.extend(s.works)
                         except _Deferred:
                             deferred = True
                         except Exception as e:
@@ -1095,7 +1097,7 @@ cdef class Runtime:
                     # pass stops here (nothing half-recorded) and rt.astabilize does the work
                     # of all of them concurrently, then passes again (incr._aio)
                     s = _Suspend(suspended)
-                    suspended = []
+                    suspended = None
                     raise s
                 if self.deferred:
                     deferred = True
@@ -1674,20 +1676,23 @@ cdef class Runtime:
         self.busy_depth += 1
 
     cdef void leave(self):
-        cdef Input inp
-        if self.busy_depth == 1:
-            # changes other threads made during the pass: the next revision, applied in the
-            # order they were made, before another thread may claim the runtime
-            while self.pending_sets and not self.closed:
-                inp, value = self.pending_sets.pop(0)
-                try:
-                    self.apply_set(inp, value)
-                except Exception as e:   # only a raising __eq__ of the value gets here
-                    _warnings.warn(f"incr: input {inp.name!r} could not be set after the "
-                                   f"pass ({e!r}); set it again", RuntimeWarning)
+        if self.pending_sets and self.busy_depth == 1:
+            self.apply_pending()
         self.busy_depth -= 1
         if self.busy_depth == 0:
             self.busy_thread = 0
+
+    cdef void apply_pending(self):
+        # changes other threads made during the pass: the next revision, applied in the order
+        # they were made, before another thread may claim the runtime
+        cdef Input inp
+        while self.pending_sets and not self.closed:
+            inp, value = self.pending_sets.pop(0)
+            try:
+                self.apply_set(inp, value)
+            except Exception as e:   # only a raising __eq__ of the value gets here
+                _warnings.warn(f"incr: input {inp.name!r} could not be set after the pass "
+                               f"({e!r}); set it again", RuntimeWarning)
 
     cdef Instance lookup(self, Cell c, dict table, tuple bound, bint create):
         # the instance of c for these bound arguments (created if asked), or None.
