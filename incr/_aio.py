@@ -203,9 +203,11 @@ class _Stepper:
                 value, exc = (yield self.first), None
             except BaseException as e:
                 value, exc = None, e
+        tf = _core._task_frames_var()
         while True:
             saved = rt._frames_swap(self.frames)
             saved_q = rt._quiet_swap(self.quiet)
+            token = tf.set(self.frames)     # tasks it spawns in this step read into its frame
             try:
                 if exc is None:
                     y = coro.send(value)
@@ -214,6 +216,7 @@ class _Stepper:
             except StopIteration as s:
                 return s.value
             finally:
+                tf.reset(token)
                 self.quiet = rt._quiet_swap(saved_q)
                 rt._frames_swap(saved)
             try:
@@ -278,6 +281,9 @@ def run_sync(rt, n) -> bool:
         # gather, a task, a future -- belongs to the loop that drive() then runs)
         asyncio._set_running_loop(_own_loop())
     f, had, invalid, start = rt._run_start(n)
+    frames = list(rt._frames())         # the caller's stack, then n's frame: n's own stack if
+    tf = _core._task_frames_var()       # it goes on as a task, and where the tasks it
+    token = tf.set(frames)              # spawns in this step record their reads
     try:
         coro = rt._invoke(n)
         y = coro.send(None)
@@ -288,9 +294,9 @@ def run_sync(rt, n) -> bool:
         rt._run_failed(n, f, had, invalid, e)
         raise
     finally:
+        tf.reset(token)
         if running is None:
             asyncio._set_running_loop(None)
-    frames = list(rt._frames())         # the caller's stack, then n's frame
     rt._frames().pop()                  # n's frame leaves the caller's stack
     work = Resume(n, coro, y, frames, f, had, invalid, start)
     if loop_running():
@@ -383,8 +389,28 @@ def call(rt, n):
             # a loop the sync cell started itself (asyncio.run inside it): async code
             return _ademand(rt, n, tuple(frames))
     elif loop_running():
+        tf = _core._task_frames_var().get()
+        if tf:
+            return _ademand(rt, n, tuple(tf))            # a task an async run spawned
         return _ademand(rt, n, ())                       # top-level async code
     return rt._demand(n)
+
+
+def in_task(rt, n, tf):
+    """A sync cell called in a task that an async cell's run spawned itself: demanded as that
+    run's read (on a copy of its stack); if it has to wait for async work, IncrError."""
+    frames = list(tf)
+    saved = rt._frames_swap(frames)
+    rt.catching += 1
+    try:
+        return rt._demand(n)
+    except _Suspend as s:
+        abandon(rt, s.works)
+        raise IncrError(f"incr: {n.label_text} needs async work, and it is called from sync "
+                        f"code in a task: `await {n.cell.__name__}.aget(...)` instead") from None
+    finally:
+        rt.catching -= 1
+        rt._frames_swap(saved)
 
 
 def ademand(rt, n):

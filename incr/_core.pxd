@@ -237,6 +237,7 @@ cdef class Runtime:
     cdef void rewire(self, Instance n, tuple old, list new)
     cdef void raise_ts(self, Instance n)
     cdef void record_read(self, Node n)
+    cdef void record_into(self, Frame f, Node n)
     cdef void dirty_from(self, Node n)
     cdef void set_input(self, Input i, object value) except *
     cdef void apply_set(self, Input i, object value) except *

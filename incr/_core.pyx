@@ -37,6 +37,9 @@ import msgpack as _msgpack
 import warnings as _warnings
 
 cdef object _active = contextvars.ContextVar("incr_runtime", default=None)
+# the frame stack of the async run whose step is running (incr._aio sets it around each
+# step), so that tasks the run spawns itself record their reads into it
+cdef object _task_frames = contextvars.ContextVar("incr_task_frames", default=None)
 cdef object _outer = contextvars.ContextVar("incr_outer_runtimes", default=())
 import types as _types
 cdef type _CoroutineType = _types.CoroutineType
@@ -76,6 +79,10 @@ def _note_async():
 
 cdef inline bint _loop_running():
     return _get_running_loop() is not None
+
+
+def _task_frames_var():
+    return _task_frames
 
 
 def _active_var():
@@ -447,6 +454,13 @@ cdef class Input(Node):
         else:
             if rt.prefetch is not None and rt.prefetch.reading:
                 rt.prefetch.read(self)   # a generator running ahead, in a worker thread
+            if _async_defined:
+                tf = get_value(_task_frames)
+                if tf and (<Frame>tf[len(tf) - 1]).node.rt is rt:
+                    # a task that an async cell's run spawned (asyncio.gather of a coroutine
+                    # of its own): the read belongs to that run
+                    rt.record_into(<Frame>tf[len(tf) - 1], self)
+                    return self.value
             cur = get_value(_active)
             if cur is not None and cur is not rt and cur.frames:
                 raise IncrError(
@@ -655,6 +669,12 @@ cdef class Cell:
             self.cached_table = table
         if self.awaited:
             return _aio_mod().call(rt, rt.lookup(self, table, self.bound(args, kwargs), True))
+        if _async_defined and not rt.frames:
+            tf = get_value(_task_frames)
+            if tf and (<Frame>tf[len(tf) - 1]).node.rt is rt:
+                # in a task an async cell's run spawned: the demand is that run's read
+                return _aio_mod().in_task(rt, rt.lookup(self, table, self.bound(args, kwargs),
+                                                        True), tf)
         return rt.demand(rt.lookup(self, table, self.bound(args, kwargs), True))
 
     def aget(self, *args, **kwargs):
@@ -1725,6 +1745,11 @@ cdef class Runtime:
     cdef void record_read(self, Node n):
         cdef Frame f = <Frame>self.frames[len(self.frames) - 1]
         if n.read_stamp != f.id and f.id != self.quiet:
+            n.read_stamp = f.id
+            f.reads.append(n)
+
+    cdef void record_into(self, Frame f, Node n):
+        if n.read_stamp != f.id:
             n.read_stamp = f.id
             f.reads.append(n)
 

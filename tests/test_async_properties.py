@@ -733,10 +733,6 @@ def test_observed_async_cell_awaiting_an_async_node_outside_with():
         rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason="open: reads made in a task that an async cell spawns "
-                   "itself (asyncio.gather of a plain coroutine that reads an input) are not "
-                   "recorded -- frames are stepped per incr computation, not per asyncio task; "
-                   "read through an incr cell (await cell()) meanwhile")
 def test_a_read_in_a_child_task_of_an_async_cell_is_a_dependency():
     """An async cell that reads an input (or calls a sync cell) in a coroutine it runs under
     ``asyncio.gather`` (a task of its own) does not record the read: after the input changes
