@@ -349,3 +349,4 @@ def test_max_concurrency_bounds_async_model_calls_in_flight():
     assert peak[0] == 2
     with pytest.raises(ValueError, match="max_concurrency"):
         incr.Runtime(max_concurrency=0)
+
