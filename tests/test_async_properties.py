@@ -631,12 +631,14 @@ AsyncVsSerial.TestCase.settings = settings(
                            HealthCheck.data_too_large],
 )
 TestAsyncVsSerial = AsyncVsSerial.TestCase
-# Open (issue 11): in some graphs an async LLM node with an async validator ends
-# NotAccepted("unknown") concurrently where the serial run ends "oscillation" (found by this
-# machine, not yet shrunk); the other discrepancies it found are fixed and pinned below.
+# Open (issue 11): at 150 examples the machine still finds graphs where the concurrent run
+# differs from the serial one (the last seen: a TypeError for an async cell under
+# asyncio.gather where the serial run gives a value; not yet shrunk). The discrepancies it
+# found before are fixed and pinned below.
 TestAsyncVsSerial = pytest.mark.xfail(
-    reason="open: an async validator's verdict differs from the serial run in some graphs "
-           "(UNKNOWN vs oscillation), not yet shrunk", strict=False)(TestAsyncVsSerial)
+    reason="open: some graphs still differ between the concurrent and the serial run at 150 "
+           "examples (a TypeError under asyncio.gather), not yet shrunk",
+    strict=False)(TestAsyncVsSerial)
 
 
 # -- minimal reproductions of the bugs the machine found ----------------------------------------
