@@ -377,8 +377,6 @@ def abandon(rt, works) -> None:
 def call(rt, n):
     """Calling an async cell: in async code (a running loop, at top level or in an async
     cell's body) an awaitable; in sync code its value."""
-    if _worker(rt):
-        return _as_awaitable(rt._demand(n))  # a call running ahead in a worker thread
     frames = rt._frames()
     if frames:
         top = frames[-1]
@@ -415,21 +413,8 @@ def in_task(rt, n, tf):
         rt._frames_swap(saved)
 
 
-def _worker(rt) -> bool:
-    """In a worker thread running a call ahead (stabilize / incr.gather with max_workers):
-    its reads are logged, and what is not up to date waits for the pass (_Deferred)."""
-    pf = rt.prefetch
-    return pf is not None and pf.reading and pf.is_worker()
-
-
-async def _as_awaitable(value):
-    return value
-
-
 def ademand(rt, n):
     """``await cell.aget(...)``: the value of instance ``n``, from async code."""
-    if _worker(rt):
-        return _as_awaitable(rt._demand(n))
     return _ademand(rt, n, tuple(rt._frames()))
 
 

@@ -798,7 +798,8 @@ class _Loop:
             return self._bounded(plain, deadline)
 
         pf = rt.prefetch
-        if pf is not None and pf.collecting:
+        if pf is not None and pf.collecting and not node.gen_is_async:
+            # (an async generator is a task on a loop, never a worker thread's call)
             def ahead():       # in a worker thread (incr.remote.Ahead)
                 if rt.halt_reason is not None:
                     # halted since this call was set aside: it is not made; the next
@@ -921,8 +922,8 @@ class _Loop:
         pf = rt.prefetch
         if pf is None or not pf.collecting:
             return
-        todo = [v for v in self.node.validators
-                if v.timeout is None and self._vkey(v) not in st.prefetched]
+        todo = [v for v in self.node.validators     # (async ones are tasks, never threads)
+                if v.timeout is None and not v.is_async and self._vkey(v) not in st.prefetched]
         if not todo:
             return
         cand = st.candidate

@@ -632,12 +632,12 @@ AsyncVsSerial.TestCase.settings = settings(
 )
 TestAsyncVsSerial = AsyncVsSerial.TestCase
 # Open (issue 11): at 150 examples the machine still finds graphs where the concurrent run
-# differs from the serial one (the last seen: a TypeError for an async cell under
-# asyncio.gather where the serial run gives a value; not yet shrunk). The discrepancies it
-# found before are fixed and pinned below.
+# differs from the serial one (the last seen: astabilize's report lists an instance, n0(),
+# that the serial pass did not recompute; not yet shrunk). The discrepancies it found before
+# are fixed and pinned below.
 TestAsyncVsSerial = pytest.mark.xfail(
     reason="open: some graphs still differ between the concurrent and the serial run at 150 "
-           "examples (a TypeError under asyncio.gather), not yet shrunk",
+           "examples (astabilize's report of what it recomputed), not yet shrunk",
     strict=False)(TestAsyncVsSerial)
 
 
