@@ -421,9 +421,7 @@ def ademand(rt, n):
 async def _ademand(rt, n, parent: tuple) -> Any:
     top = not parent
     if top:
-        rt._enter()            # the loop's thread holds the runtime for the whole operation
-        rt._keep_failed(1)
-        _op_began()
+        _op_enter(rt)
     try:
         works = None
         frames = rt._frames()
@@ -455,17 +453,28 @@ async def _ademand(rt, n, parent: tuple) -> Any:
                 rt._frames_swap(saved)
     finally:
         if top:
-            _op_ended()
-            rt._keep_failed(-1)
-            rt._leave()
+            _op_exit(rt)
+
+
+def _op_enter(rt) -> None:
+    """A top-level async operation begins: the loop's thread holds the runtime until it ends,
+    failures last across its restarts, and sync cells called on this loop meanwhile are sync
+    code (their calls of async cells return values)."""
+    rt._enter()
+    rt._keep_failed(1)
+    _op_began()
+
+
+def _op_exit(rt) -> None:
+    _op_ended()
+    rt._keep_failed(-1)
+    rt._leave()
 
 
 async def astabilize(rt):
     """``await rt.astabilize()``: ``rt.stabilize()`` for async code. The async work of every
     observed instance runs concurrently; callbacks run once, when everything is up to date."""
-    rt._enter()                # the loop's thread holds the runtime for the whole pass
-    rt._keep_failed(1)
-    _op_began()
+    _op_enter(rt)
     early: list = []          # runs made by the async work between passes, for the report
     t0 = time.perf_counter()
     try:
@@ -486,9 +495,7 @@ async def astabilize(rt):
             finally:
                 rt._report_into(None)
     finally:
-        _op_ended()
-        rt._keep_failed(-1)
-        rt._leave()
+        _op_exit(rt)
 
 
 # -- doing the work --------------------------------------------------------------------------
