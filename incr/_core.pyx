@@ -890,7 +890,8 @@ cdef class Runtime:
     """
 
     def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None,
-                 executor=None, max_concurrency=None, durability="group"):
+                 executor=None, max_concurrency=None, durability="group", budget=None,
+                 on_failure=None):
         if durability not in ("group", "sync"):
             raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
                              f"{durability!r:.80}")
@@ -945,6 +946,10 @@ cdef class Runtime:
             raise TypeError(f"Runtime: executor must have submit() and results() (see "
                             f"incr.adapters.dask and incr.adapters.ray), got {executor!r}")
         self.executor = executor
+        if budget is not None or on_failure is not None:
+            # control across every LLM node of the runtime (incr.llmnodes checks the types)
+            from incr import llmnodes as _llm
+            _llm.configure(self, budget, on_failure)
         if store is not None:
             self.store = Store(store, max_bytes=max_bytes, durability=durability)
 
@@ -1053,6 +1058,10 @@ cdef class Runtime:
         self.check_usable()
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy("stabilize"))
+        if self.llm is not None and self.llm.spot:
+            # LLM nodes with recheck_every= whose spot check is due are withdrawn first
+            from incr import llmnodes as _llm
+            _llm.spot_checks(self)
         if _async_defined and not _loop_running() and not self.busy_depth:
             # async cells or calls may need to run: on this thread's event loop, concurrently
             return _aio_mod().drive(_aio_mod().astabilize(self))
@@ -1296,6 +1305,13 @@ cdef class Runtime:
         from incr import llmnodes as _llm
         _llm.resume(self)
 
+    def on_event(self, callback):
+        """Subscribe ``callback(event)`` to the events of this runtime's LLM loops
+        (incr.events: generation started/finished, verdict, accepted, withdrawn, regression,
+        reverted, warning, stopped, validator changed). Returns a function that unsubscribes."""
+        from incr import llmnodes as _llm
+        return _llm.on_event(self, callback)
+
     @property
     def halted(self):
         """The reason given to rt.halt() while halted, else None."""
@@ -1442,6 +1458,14 @@ cdef class Runtime:
         if isinstance(node, Input):
             return (<Input>node).get()
         return self.demand(<Instance>node)
+
+    def _stale(self, Instance n, bint held=False):
+        """True when n would run (or be verified) at its next demand: not up to date. With
+        held=True, only when it holds a value that something made stale (a change, or a
+        withdrawal of what it read) -- not an instance loaded and not yet looked at."""
+        if held:
+            return (n.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE)
+        return _needs_work(n)
 
     def _invalidate(self, Instance n, bint check=False):
         """Withdraw n's value (a NACK on it): n runs again at its next demand, never from

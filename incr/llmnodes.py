@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import threading
 import time
+import warnings
 from typing import Any, Callable, Iterable
 
 import attrs
@@ -39,6 +41,7 @@ from incr import keys as _keys
 from incr import _core
 from incr._core import EQUAL, Cell, Instance, current
 from incr import _aio
+from incr import events
 from incr.errors import IncrError, NotAccepted, Reject, _Deferred, _OutOfTime, _Suspend
 
 __all__ = ["ACK", "NACK", "UNKNOWN", "Acceptance", "Budget", "Candidate", "LLMNode",
@@ -146,11 +149,20 @@ def _no_awaitable(node: Any, label: str, out: Any) -> None:
 
 @attrs.frozen
 class Candidate:
-    """What a generator may return instead of a bare value, to report its cost."""
+    """What a generator may return instead of a bare value: its cost, and a reflection
+    record -- why it is what it is (``rationale``), the falsifiable cause it acts on
+    (``hypothesis``), the edit it made (``patch``: with ``@incr.llm(patch=True)`` the patch
+    *is* the answer, applied to ``previous`` by the runtime) and the checks it expects to
+    flip (``expect``: case names). All of it is kept per attempt (``rt.state(...).attempts``,
+    ``NotAccepted.report``, ``incr inspect``, the store)."""
     value: Any
     tokens: int = 0
     cost: float = 0.0
     rationale: str = ""
+    hypothesis: str = ""
+    patch: Any = None
+    expect: tuple = attrs.field(default=(), converter=lambda x: (x,) if isinstance(x, str)
+                                else tuple(x))
 
 
 def _positive(kind):
@@ -163,13 +175,39 @@ def _positive(kind):
     return check
 
 
+class _DefaultAttempts(int):
+    """The default max_attempts (5), told apart from an explicit 5: as a runtime-wide budget
+    (``Runtime(budget=...)``), only an explicit max_attempts bounds the model calls."""
+
+    def __repr__(self):
+        return "5"
+
+
+_DEFAULT_ATTEMPTS = _DefaultAttempts(5)
+
+
+def _nonnegative_int(inst, attribute, value):
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                              or value < 0):
+        raise ValueError(f"Budget: {attribute.name} must be an int >= 0 or None, got "
+                         f"{value!r}")
+
+
 @attrs.frozen
 class Budget:
-    """How much one node may spend per context (it starts again when a dependency changes)."""
-    max_attempts: int = attrs.field(default=5, validator=_positive(int))
+    """How much one node may spend per context (it starts again when a dependency changes);
+    as ``Runtime(budget=...)``, how much every node of the runtime may spend together.
+
+    ``cooldown``: seconds between two model calls of one node. ``max_withdrawals``
+    (hysteresis; default None: off): a node withdrawn (NACKed from outside after acceptance)
+    more often than this in one context stays withdrawn until its context changes
+    (``NotAccepted(reason="oscillation")``), whatever evidence comes meanwhile."""
+    max_attempts: int = attrs.field(default=_DEFAULT_ATTEMPTS, validator=_positive(int))
     max_seconds: float | None = attrs.field(default=None, validator=_positive((int, float)))
     max_tokens: int | None = attrs.field(default=None, validator=_positive(int))
     max_cost: float | None = attrs.field(default=None, validator=_positive((int, float)))
+    cooldown: float | None = attrs.field(default=None, validator=_positive((int, float)))
+    max_withdrawals: int | None = attrs.field(default=None, validator=_nonnegative_int)
 
 
 @attrs.frozen
@@ -237,6 +275,7 @@ class NodeState:
     dependency_revisions: dict = attrs.Factory(dict)
     checks: dict = attrs.Factory(dict)
     status: str = "active"
+    attempts: list = attrs.Factory(list)
 
 
 @attrs.define(eq=False)
@@ -249,6 +288,12 @@ class _Attempt:
     cost: float
     seconds: float
     note: str = ""
+    # the reflection record (incr.Candidate's fields) and what became of the attempt
+    rationale: str = ""
+    hypothesis: str = ""
+    patch: Any = None
+    expect: tuple = ()
+    outcome: str = ""         # "accepted", "rejected", "reverted", "stopped: <reason>", ""
 
 
 @attrs.define(eq=False)
@@ -289,6 +334,17 @@ class _Node:
     # the same for the generation of the current candidate. Not stored.
     made_under: dict = attrs.Factory(dict)
     generated_under: tuple = ()
+    # control (seed 002) and repair (seed 001)
+    regression_src: list = attrs.Factory(list)  # the verdict source of each regression case
+    base: int = 0                   # the revision the next generation builds on (0: current)
+    below: int = 0                  # revisions in a row below the best one's distinct ACKs
+    withdrawals: int = 0            # withdrawals after acceptance, this context
+    damped: bool = False            # withdrawn too often: stays failed until the context moves
+    escalated: bool = False         # on_failure was asked in this budget
+    last_call: float = 0.0          # time.monotonic() at the end of the last model call
+    spot_due: bool = False          # recheck_every: re-validate at the next run
+    warned: set = attrs.Factory(set)  # monitors that warned in this budget
+    near: int = 0                   # the revision the new candidate equals after normalize
 
 
 class _Bookkeeping:
@@ -298,6 +354,18 @@ class _Bookkeeping:
         self.nodes: dict[Instance, _Node] = {}
         self.generations = 0
         self.validations = 0
+        self.listeners: tuple = ()          # rt.on_event callbacks (replaced, never mutated)
+        self.budget: Budget | None = None   # Runtime(budget=): every node together
+        self.on_failure: Callable | None = None   # Runtime(on_failure=): the default
+        self.lock = threading.Lock()        # the runtime-wide spend (worker threads add to it)
+        self.calls = 0
+        self.tokens = 0
+        self.cost = 0.0
+        self.seconds = 0.0
+        self.latest: dict = {}              # LLMNode -> (candidate, label): reuse="revalidate"
+        self.spot: dict = {}                # Instance -> (rt.revision, monotonic) at acceptance
+        self.audited: set = set()           # LLMNodes whose validators were compared with
+                                            # the store's record of them
 
 
 def _book(rt) -> _Bookkeeping:
@@ -305,6 +373,132 @@ def _book(rt) -> _Bookkeeping:
     if b is None:
         b = rt.llm = _Bookkeeping()
     return b
+
+
+def configure(rt, budget, on_failure) -> None:
+    """Runtime(budget=, on_failure=): control over every LLM node of ``rt``."""
+    if budget is not None and not isinstance(budget, Budget):
+        raise TypeError(f"Runtime: budget must be an incr.Budget, got {_short(budget)}")
+    if on_failure is not None and not callable(on_failure):
+        raise TypeError(f"Runtime: on_failure must be callable(report) -> candidate | None, "
+                        f"got {_short(on_failure)}")
+    if on_failure is not None:
+        _refuse_async(on_failure, "Runtime: on_failure=",
+                      getattr(on_failure, "__qualname__", repr(on_failure)))
+    b = _book(rt)
+    b.budget, b.on_failure = budget, on_failure
+
+
+def on_event(rt, callback) -> Callable[[], None]:
+    """rt.on_event(callback): subscribe; returns the function that unsubscribes."""
+    if not callable(callback):
+        raise TypeError(f"rt.on_event: callback must be callable(event), got {_short(callback)}")
+    b = _book(rt)
+    with b.lock:
+        b.listeners = b.listeners + (callback,)
+
+    def unsubscribe() -> None:
+        with b.lock:
+            b.listeners = tuple(c for c in b.listeners if c is not callback)
+    return unsubscribe
+
+
+_log = logging.getLogger("incr.llm")
+
+
+def _emit(book: _Bookkeeping, event: Any) -> None:
+    """Tell every subscriber (and the ``incr.llm`` logger) about ``event``. A callback that
+    raises is a RuntimeWarning; it never changes what the loop does."""
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("%s", event)
+    for cb in book.listeners:
+        try:
+            cb(event)
+        except Exception as e:
+            warnings.warn(f"incr: an rt.on_event callback {cb!r} raised {type(e).__name__}: "
+                          f"{e}; the loop went on", RuntimeWarning, stacklevel=2)
+
+
+def _graph_over(book: _Bookkeeping) -> str | None:
+    """Which runtime-wide limit (Runtime(budget=)) is used up, or None."""
+    b = book.budget
+    if b is None:
+        return None
+    if b.max_attempts is not _DEFAULT_ATTEMPTS and book.calls >= b.max_attempts:
+        return f"model calls {book.calls} of {b.max_attempts}"
+    if b.max_tokens is not None and book.tokens >= b.max_tokens:
+        return f"tokens {book.tokens} of {b.max_tokens}"
+    if b.max_cost is not None and book.cost >= b.max_cost:
+        return f"cost {book.cost:g} of {b.max_cost:g}"
+    if b.max_seconds is not None and book.seconds >= b.max_seconds:
+        return f"seconds in model calls {book.seconds:.3g} of {b.max_seconds:g}"
+    return None
+
+
+def _graph_take(book: _Bookkeeping) -> None:
+    """Claim one model call from the runtime-wide budget, atomically (calls made ahead in
+    worker threads race here): raises _GraphBudget when it is used up."""
+    if book.budget is None:
+        return
+    with book.lock:
+        over = _graph_over(book)
+        if over is not None:
+            raise _GraphBudget(over)
+        book.calls += 1
+
+
+def _graph_spent(book: _Bookkeeping, tokens: int, cost: float, seconds: float) -> None:
+    if book.budget is None:
+        return
+    with book.lock:
+        book.tokens += tokens
+        book.cost += cost
+        book.seconds += seconds
+
+
+def _graph_figures(book: _Bookkeeping) -> str:
+    return (f"runtime-wide: {book.calls} model call(s), {book.tokens} tokens, cost "
+            f"{book.cost:g}, {book.seconds:.3g} s in model calls, of {book.budget}")
+
+
+class _GraphBudget(Exception):
+    """Internal: the runtime-wide budget (Runtime(budget=)) is used up."""
+
+
+def spot_checks(rt) -> None:
+    """Before a stabilization: withdraw every stable node with recheck_every= whose spot
+    check is due, so that the pass re-runs its validators on its accepted candidate."""
+    book = rt.llm
+    now = time.monotonic()
+    for inst, (rev, t) in list(book.spot.items()):
+        st = book.nodes.get(inst)
+        every = getattr(inst.cell, "recheck_every", None)
+        if st is None or every is None or st.status != "stable":
+            book.spot.pop(inst, None)
+            continue
+        kind, n = every
+        if (kind == "revisions" and rt.revision - rev >= n) or \
+                (kind == "seconds" and now - t >= n):
+            book.spot[inst] = (rt.revision, now)
+            st.spot_due = True
+            rt._invalidate(inst)
+
+
+def _normal(node, value: Any) -> Any:
+    """What repetition compares: ``normalize(value)``; by default, text with its whitespace
+    and case folded, anything else as it is."""
+    if node.normalize is not None:
+        return node.normalize(value)
+    if isinstance(value, str):
+        return " ".join(value.split()).casefold()
+    return value
+
+
+def _repeat_fp(node, value: Any) -> str:
+    try:
+        return _fingerprint(_normal(node, value))
+    except Exception:       # a normalize that raises: the candidate as it is
+        return _fingerprint(value)
 
 
 def _fingerprint(value: Any) -> str:
@@ -404,7 +598,9 @@ class LLMNode(Cell):
     """A memoized generator whose value is its accepted candidate. Create with ``@incr.llm``."""
 
     def __init__(self, gen: Callable, *, validators=(), accept=None, budget=None,
-                 version=None, recheck=None, backoff: float = 0.5):
+                 version=None, recheck=None, backoff: float = 0.5, normalize=None,
+                 patience: int = 2, patch: bool = False, apply=None, on_failure=None,
+                 recheck_every=None, reuse=None):
         if not callable(gen):
             raise TypeError(f"incr.llm needs a function, got {gen!r}")
         qual = getattr(gen, "__qualname__", repr(gen))
@@ -432,6 +628,36 @@ class LLMNode(Cell):
         if recheck is not None:
             _refuse_async(recheck, f"incr.llm {qual}: recheck=",
                           getattr(recheck, "__qualname__", repr(recheck)))
+        for name, fn in (("normalize", normalize), ("apply", apply),
+                         ("on_failure", on_failure)):
+            if fn is not None:
+                if not callable(fn):
+                    raise TypeError(f"incr.llm {qual}: {name} must be callable, got "
+                                    f"{_short(fn)}")
+                _refuse_async(fn, f"incr.llm {qual}: {name}=",
+                              getattr(fn, "__qualname__", repr(fn)))
+        if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
+            raise ValueError(f"incr.llm {qual}: patience must be an int >= 1 (attempts in a "
+                             f"row below the best revision before it stops), got {patience!r}")
+        if not isinstance(patch, bool):
+            raise TypeError(f"incr.llm {qual}: patch must be True or False (or pass "
+                            f"apply=callable(previous, patch)), got {_short(patch)}")
+        if recheck_every is not None:
+            ok = (isinstance(recheck_every, tuple) and len(recheck_every) == 2
+                  and recheck_every[0] in ("revisions", "seconds")
+                  and isinstance(recheck_every[1], (int, float))
+                  and not isinstance(recheck_every[1], bool) and recheck_every[1] > 0
+                  and (recheck_every[0] == "seconds" or isinstance(recheck_every[1], int)))
+            if not ok:
+                raise ValueError(f"incr.llm {qual}: recheck_every must be ('revisions', N) "
+                                 f"with an int N > 0 or ('seconds', S) with S > 0, got "
+                                 f"{recheck_every!r}")
+            if not validators and recheck is None:
+                raise ValueError(f"incr.llm {qual}: recheck_every= needs validators (or "
+                                 f"recheck=) to re-run on the accepted candidate")
+        if reuse not in (None, "revalidate"):
+            raise ValueError(f"incr.llm {qual}: reuse must be None or 'revalidate', got "
+                             f"{reuse!r}")
         sig = inspect.signature(gen)
         for name in ("previous", "feedback"):
             p = sig.parameters.get(name)
@@ -454,6 +680,13 @@ class LLMNode(Cell):
         self.budget = budget
         self.recheck = recheck
         self.backoff = backoff
+        self.normalize = normalize
+        self.patience = patience
+        self.patch = patch or apply is not None
+        self.apply = apply
+        self.on_failure = on_failure
+        self.recheck_every = recheck_every
+        self.reuse = reuse
         super().__init__(loop, version=version, cutoff=EQUAL, local=True)
         self.is_llm = True
         self.awaited = self.gen_is_async or any(v.is_async for v in validators)
@@ -473,13 +706,26 @@ class LLMNode(Cell):
         return f"<incr.llm {self.name}>"
 
 
-def llm(fn=None, /, *, validators=(), accept=None, budget=None, version=None, recheck=None):
+def llm(fn=None, /, *, validators=(), accept=None, budget=None, version=None, recheck=None,
+        normalize=None, patience=2, patch=False, apply=None, on_failure=None,
+        recheck_every=None, reuse=None):
     """Make a generator an LLM node: ``fn(*args, previous=None, feedback=())`` returns a
     candidate (or an ``incr.Candidate``); calling the node returns an accepted candidate or
-    raises ``incr.NotAccepted``."""
+    raises ``incr.NotAccepted``.
+
+    Control (docs/llm.md): ``normalize(candidate) -> hashable`` for repetition (default for
+    text: whitespace and case folded); ``patience``: revisions in a row below the best one's
+    distinct ACKs before ``NotAccepted(reason="divergence")``; ``patch=True`` (or
+    ``apply=callable(previous, patch) -> candidate``): the generator answers a retry with a
+    patch against ``previous``; ``on_failure(error) -> candidate | None`` when the loop ends
+    without acceptance; ``recheck_every=("revisions", N) | ("seconds", S)``: spot checks of
+    the accepted candidate; ``reuse="revalidate"``: a new instance first validates the most
+    recent instance's accepted candidate."""
     def make(f):
         return LLMNode(f, validators=validators, accept=accept, budget=budget,
-                       version=version, recheck=recheck)
+                       version=version, recheck=recheck, normalize=normalize,
+                       patience=patience, patch=patch, apply=apply, on_failure=on_failure,
+                       recheck_every=recheck_every, reuse=reuse)
     return make if fn is None else make(fn)
 
 
@@ -508,9 +754,22 @@ class _Loop:
             first = st.snapshot is None and st.refs is None
             changed = first or self._reread()
             taken_in = True
-            if changed:
+            # recheck_every: a spot check re-validates the accepted candidate as a change of
+            # context does (its earlier verdicts become history: the world may have moved)
+            spot, st.spot_due = st.spot_due and st.has_candidate and st.failed is None, False
+            if changed or spot:
                 st.pending = False
                 self._new_epoch()
+                if not st.has_candidate and self._reusable() is not None:
+                    # reuse="revalidate": the most recent instance's accepted candidate is
+                    # this instance's first, accepted only on its own evidence
+                    cand, source = self._reusable()
+                    self._adopt(cand, f"reused from {source}, re-validated here (no model "
+                                      f"call)")
+                    st.pending = "judge"
+                    if self._judge():
+                        return self._stable()
+                    return self._loop_on()
                 if st.has_candidate:
                     if self._vacuous() and not self._withdrawn_now():
                         # no evidence could re-accept the old candidate in the new context:
@@ -518,6 +777,7 @@ class _Loop:
                         return self._loop_on()
                     # the current candidate is this context's first: it must not come back
                     st.fingerprints[_fingerprint(st.candidate)] = st.revision
+                    st.fingerprints["n:" + _repeat_fp(self.node, st.candidate)] = st.revision
                     st.pending = "revalidate"
                     self._validate(resume="revalidate")
             elif st.pending == "generate":
@@ -531,6 +791,18 @@ class _Loop:
             elif st.pending == "revalidate":
                 # the last pass set the re-validation of the current candidate aside
                 self._validate()
+            elif st.damped and st.failed is not None:
+                # withdrawn too often in this context: it stays withdrawn until the context
+                # changes, whatever comes from outside meanwhile
+                f = st.failed
+                raise NotAccepted(f.label, f.reason, f.report, f.best, f.attempts)
+            elif st.failed is None and self.node.budget.max_withdrawals is not None and \
+                    st.withdrawals > self.node.budget.max_withdrawals:
+                st.damped = True
+                self._fail("oscillation", detail=(
+                    f"withdrawn {st.withdrawals} times after acceptance in this context "
+                    f"(Budget(max_withdrawals={self.node.budget.max_withdrawals})); it stays "
+                    f"withdrawn until its context changes"))
             elif st.failed is not None and st.events == st.failed_events:
                 # nothing changed since it gave up: the same answer, no model call
                 f = st.failed
@@ -545,6 +817,8 @@ class _Loop:
                 if stop != "retry":
                     self._fail(stop)
             return self._loop_on()
+        except _Escalated as e:
+            return e.value
         except _Deferred:
             deferred = True
             raise
@@ -571,6 +845,31 @@ class _Loop:
         """Was the current candidate NACKed from outside (rt.nack, a Reject)?"""
         return _fingerprint(self.st.candidate) in self.st.withdrawn
 
+    def _reusable(self) -> tuple | None:
+        """reuse="revalidate": (candidate, label) of the most recent other instance of this
+        definition that was accepted on this runtime, if there is one and something can
+        validate it here."""
+        if self.node.reuse != "revalidate" or self._vacuous():
+            return None
+        prior = self.book.latest.get(self.node)
+        if prior is None or prior[1] == self.st.label:
+            return None
+        return prior
+
+    def _adopt(self, cand: Any, note: str) -> None:
+        """Make ``cand`` the next revision without a model call (reused, or supplied by
+        on_failure); it is validated like any other."""
+        st = self.st
+        st.revision += 1
+        fp = _repeat_fp(self.node, cand)
+        st.fingerprints.setdefault(_fingerprint(cand), st.revision)
+        st.fingerprints.setdefault("n:" + fp, st.revision)
+        st.values[st.revision] = cand
+        st.candidate, st.has_candidate = cand, True
+        st.base = 0
+        st.attempts.append(_Attempt(st.revision, fp[:18], (), [], 0, 0.0, 0.0, note))
+        st.generated_under = self._basis()
+
     def _loop_on(self) -> Any:
         """Generate, validate, decide, until accepted or a stop condition holds."""
         st = self.st
@@ -578,16 +877,24 @@ class _Loop:
             st.pending = "generate"   # where a pass that sets this run aside resumes
             stop = self._over_budget()
             if stop:
-                self._fail(stop)
+                self._fail(stop, detail=(_graph_figures(self.book) if stop == "graph"
+                                         else None))
             cand = self._generate()
             fp = _fingerprint(cand)
             if fp in st.fingerprints:
-                st.attempts[-1].note = (f"same as revision {st.fingerprints[fp]}")
+                # the very candidate came back: its verdicts would be the same
+                st.attempts[-1].note = f"same as revision {st.fingerprints[fp]}"
                 self._fail("oscillation", repeated=st.fingerprints[fp])
+            nfp = "n:" + _repeat_fp(self.node, cand)
+            # the same after normalize: validated (it may pass where the other failed);
+            # rejected, it is a repetition (see _judge)
+            st.near = st.fingerprints.get(nfp, 0)
             st.revision += 1
             st.fingerprints[fp] = st.revision
+            st.fingerprints.setdefault(nfp, st.revision)
             st.values[st.revision] = cand
             st.candidate, st.has_candidate = cand, True
+            st.base = 0
             st.attempts[-1].revision = st.revision
             st.attempts[-1].fingerprint = fp[:18]
             st.generated_under = self._basis()
@@ -605,10 +912,71 @@ class _Loop:
             return True
         if stop != "retry":
             self._fail(stop)
+        self._outcome(st.revision, "rejected")
+        if st.near:
+            near, st.near = st.near, 0
+            self._note_attempt(f"same as revision {near} after normalize")
+            self._fail("oscillation", repeated=near)
+        self._keep_or_revert()
+        if st.below >= self.node.patience:
+            self._fail("divergence")
         st.stale_streak = 0 if new else st.stale_streak + 1
         if st.stale_streak >= 2:
             self._fail("no_progress")
         return False
+
+    def _keep_or_revert(self) -> None:
+        """After a rejected revision: a regression (a case an earlier revision of this
+        context had ACKed is NACKed now) sets the revision aside unless it is strictly the
+        best so far -- the next generation builds on the best one instead (st.base) -- and
+        the divergence monitor counts revisions in a row below the best."""
+        st, node = self.st, self.node
+        cur = st.revision
+        acked = _acked_by_revision(st)
+        mine = acked.get(cur, set())
+        nacked = {(vid, case) for (vid, case), vs in _verdicts_for(st, cur).items()
+                  if any(v.kind == "NACK" for v in vs)}
+        lost = set()
+        best, score = 0, -1
+        for rev in sorted(acked):
+            if rev >= cur or rev not in st.values:
+                continue
+            lost |= acked[rev] & nacked
+            if len(acked[rev]) > score:
+                best, score = rev, len(acked[rev])
+        if best and len(mine) < score:
+            st.below += 1
+            if st.below == node.patience - 1 and "patience" not in st.warned:
+                st.warned.add("patience")
+                _emit(self.book, events.Warning(st.label, "patience", st.below,
+                                                node.patience))
+        else:
+            st.below = 0
+        if not lost:
+            return
+        lost_t = tuple(sorted(lost))
+        _emit(self.book, events.Regression(st.label, cur, lost_t, best))
+        if len(mine) <= score:
+            st.base = best
+            self._outcome(cur, "reverted")
+            if st.attempts and st.attempts[-1].revision == cur:
+                st.attempts[-1].note = (st.attempts[-1].note + "; " if st.attempts[-1].note
+                                        else "") + (f"regression: lost {_cases(lost_t)} that "
+                                                    f"revision {best} had; the next "
+                                                    f"generation starts from revision {best}")
+            _emit(self.book, events.Reverted(st.label, cur, best))
+
+    def _note_attempt(self, text: str) -> None:
+        for a in reversed(self.st.attempts):
+            if a.revision == self.st.revision:
+                a.note = f"{a.note}; {text}" if a.note else text
+                return
+
+    def _outcome(self, rev: int, outcome: str) -> None:
+        for a in reversed(self.st.attempts):
+            if a.revision == rev:
+                a.outcome = outcome
+                return
 
     def _keep(self, save: bool) -> None:
         st = self.st
@@ -665,6 +1033,10 @@ class _Loop:
         st.evidence = set()
         st.fingerprints = {}      # oscillation is a candidate coming back within one context
         st.status = "active"
+        st.base = 0
+        st.withdrawals = 0
+        st.damped = False
+        st.spot_due = False
         self._fresh_budget()
 
     def _fresh_budget(self) -> None:
@@ -675,23 +1047,54 @@ class _Loop:
         st.started = time.monotonic()
         st.stale_streak = 0
         st.failed = None
+        st.below = 0
+        st.escalated = False
+        st.warned = set()
 
     def _over_budget(self) -> str | None:
+        """"budget" when the node's budget is used up, "graph" when the runtime's is; else
+        None (and a Warning event for a monitor past 80% of its limit, once per budget)."""
         st, b = self.st, self.node.budget
-        if st.spent_attempts >= b.max_attempts:
-            return "budget"
-        if b.max_seconds is not None and time.monotonic() - st.started >= b.max_seconds:
-            return "budget"
-        if b.max_tokens is not None and st.spent_tokens >= b.max_tokens:
-            return "budget"
-        if b.max_cost is not None and st.spent_cost >= b.max_cost:
-            return "budget"
+        used = (("attempts", st.spent_attempts, b.max_attempts),
+                ("seconds", time.monotonic() - st.started, b.max_seconds),
+                ("tokens", st.spent_tokens, b.max_tokens),
+                ("cost", st.spent_cost, b.max_cost))
+        for monitor, u, limit in used:
+            if limit is None:
+                continue
+            if u >= limit:
+                return "budget"
+            if u >= 0.8 * limit and monitor not in st.warned:
+                st.warned.add(monitor)
+                _emit(self.book, events.Warning(st.label, monitor, u, limit))
+        book = self.book
+        if book.budget is not None:
+            # (the runtime-wide budget is claimed at each call, atomically: _graph_take;
+            # a call made ahead in a worker thread was claimed there already)
+            g = book.budget
+            for monitor, u, limit in (
+                    ("graph calls", book.calls,
+                     None if g.max_attempts is _DEFAULT_ATTEMPTS else g.max_attempts),
+                    ("graph seconds", book.seconds, g.max_seconds),
+                    ("graph tokens", book.tokens, g.max_tokens),
+                    ("graph cost", book.cost, g.max_cost)):
+                if limit is not None and u >= 0.8 * limit and monitor not in st.warned:
+                    st.warned.add(monitor)
+                    _emit(book, events.Warning(st.label, monitor, u, limit))
         return None
+
+    def _previous(self) -> Any:
+        """What the next generation builds on: the best revision after a revert, else the
+        current candidate (None before the first)."""
+        st = self.st
+        if st.base and st.base in st.values:
+            return st.values[st.base]
+        return st.candidate if st.has_candidate else None
 
     def _generate(self) -> Any:
         st, node = self.st, self.node
         feedback = self._feedback()
-        previous = st.candidate if st.has_candidate else None
+        previous = self._previous()
         delay = node.backoff
         while True:
             self._halt_point()                          # rt.halt: no model call from here
@@ -701,6 +1104,11 @@ class _Loop:
             t0 = time.monotonic()
             try:
                 out = call()
+            except _GraphBudget as e:
+                st.spent_attempts -= 1              # refused before the call: none was made
+                self.book.generations -= 1
+                self._fail("budget", detail=f"the runtime's budget is used up ({e}); "
+                                            + _graph_figures(self.book))
             except _OutOfTime:
                 # Budget(max_seconds) ran out with the call in flight: an async call was
                 # cancelled, a sync one abandoned (its late result is never used)
@@ -734,13 +1142,51 @@ class _Loop:
                 self.cut_short = True
                 raise
             tokens, cost = 0, 0.0
+            record = None
             if isinstance(out, Candidate):
+                record = out
                 tokens, cost, out = out.tokens, out.cost, out.value
+            seconds = time.monotonic() - t0
             st.spent_tokens += tokens
             st.spent_cost += cost
-            st.attempts.append(_Attempt(0, "", feedback, [], tokens, cost,
-                                        time.monotonic() - t0))
+            st.last_call = time.monotonic()
+            _graph_spent(self.book, tokens, cost, seconds)
+            _emit(self.book, events.GenerationFinished(st.label, st.spent_attempts, tokens,
+                                                       cost, seconds))
+            a = _Attempt(0, "", feedback, [], tokens, cost, seconds)
+            if record is not None:
+                a.rationale, a.hypothesis = str(record.rationale), str(record.hypothesis)
+                a.patch, a.expect = record.patch, tuple(str(x) for x in record.expect)
+            st.attempts.append(a)
+            if node.patch and previous is not None and (record is None
+                                                        or record.patch is not None):
+                # patch mode: the answer is a patch against previous, applied here
+                patch = out if record is None else record.patch
+                a.patch = patch
+                try:
+                    out = self._apply(previous, patch)
+                except Exception as e:
+                    a.note = f"the patch did not apply: {type(e).__name__}: {e}"
+                    feedback = tuple(v for v in feedback if v.case != "incr.patch") + (
+                        NACK("incr.patch", {"patch": _short(patch), "error": str(e)},
+                             "the patch did not apply to previous: send a patch against "
+                             "previous exactly, or the full answer"),)
+                    stop = self._over_budget()
+                    if stop:
+                        self._fail(stop)
+                    continue
             return out
+
+    def _apply(self, previous: Any, patch: Any) -> Any:
+        node = self.node
+        if node.apply is not None:
+            return node.apply(previous, patch)
+        if not isinstance(previous, str) or not isinstance(patch, str):
+            raise TypeError(f"patch=True applies a unified diff (a str) to a str; got "
+                            f"{type(patch).__name__} against {type(previous).__name__} "
+                            f"(pass apply=callable(previous, patch) for other kinds)")
+        from incr.patches import apply_patch
+        return apply_patch(previous, patch)
 
     def _halt_point(self) -> None:
         """Right before a generator call: if the runtime is halted (rt.halt), stop the loop
@@ -773,10 +1219,21 @@ class _Loop:
                     raise outcome
                 return outcome
             return replay
+        wait = self._cooldown()
+        book, attempt = self.book, st.spent_attempts + 1
+
+        def start():
+            # right before the model is called (in whichever thread or task calls it)
+            _graph_take(book)
+            _emit(book, events.GenerationStarted(st.label, attempt))
+
         if node.gen_is_async and _aio.loop_running():
             # an async generator inside a running loop: the call is made as a task by the
             # nearest await of incr, and this run goes on from here when it is done
             async def agen():
+                if wait:
+                    await asyncio.sleep(wait)
+                start()
                 out = await node.gen(*self.args, previous=previous, feedback=feedback,
                                      **self.kwargs)
                 _no_awaitable(node, st.label, out)
@@ -785,6 +1242,9 @@ class _Loop:
             raise _Suspend([_aio.Call(st, key, agen, self.inst, deadline=self._deadline())])
 
         def plain():
+            if wait:
+                time.sleep(wait)
+            start()
             out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
             if node.gen_is_async and inspect.iscoroutine(out):
                 out = _aio.drive_call(rt, _aio.before(out, self._deadline()))   # own loop
@@ -810,6 +1270,19 @@ class _Loop:
             st.pending = "generate"
             raise _Deferred(st.label)
         return call
+
+    def _cooldown(self) -> float:
+        """Seconds to wait before this node's next model call (Budget(cooldown=)); fails
+        the loop ("budget") when the wait would pass its Budget(max_seconds)."""
+        st, b = self.st, self.node.budget
+        if b.cooldown is None or not st.last_call:
+            return 0.0
+        wait = max(0.0, st.last_call + b.cooldown - time.monotonic())
+        deadline = self._deadline()
+        if wait and deadline is not None and time.monotonic() + wait >= deadline:
+            self._fail("budget", detail=f"the cooldown of {b.cooldown:g} s between attempts "
+                                        f"would pass Budget(max_seconds={b.max_seconds:g})")
+        return wait
 
     def _deadline(self) -> float | None:
         """When Budget(max_seconds) runs out for this loop (time.monotonic()), or None."""
@@ -869,8 +1342,11 @@ class _Loop:
         st.made_under[key] = self._basis()   # (the latest confirmation of it counts)
         if not _ledger_add(st, key, v, regress):
             return False               # the same verdict again counts once
-        if st.attempts:
-            st.attempts[-1].verdicts.append((vid, v))
+        _emit(self.book, events.Verdict(st.label, vid, st.revision, v))
+        for a in reversed(st.attempts):
+            if a.revision == st.revision:
+                a.verdicts.append((vid, v))
+                break
         if isinstance(v, NACK):
             item = ("N", vid, v.case, _cex_key(v))
         elif isinstance(v, ACK):
@@ -912,7 +1388,35 @@ class _Loop:
                     v = UNKNOWN(r.case, f"recheck returned {what or _short(v)}, not a verdict")
                 v = _usable(v, "recheck")
                 new |= self._record(rid, "1", v, regress=False)  # a case already kept
+        self._regressions_checked()
         return new
+
+    def _regressions_checked(self) -> None:
+        """Every regression case is re-checked on the current revision by the validator
+        that produced it (or recheck=): a case its validator gave no verdict on this time is
+        UNKNOWN from that validator (so it blocks acceptance as any UNKNOWN of a required
+        validator does), never silently assumed fixed. A Reject's case is checked again by
+        the reader that rejected it, when it reads the new candidate. An rt.nack's case
+        with no recheck= is UNKNOWN from "regression": shown in the checks and the report,
+        not blocking (nothing here can re-check it; the caller of rt.nack can)."""
+        st, node = self.st, self.node
+        if not st.regressions:
+            return
+        mine = {v.id: v for v in node.validators}
+        have = {(k[0], k[2]) for k in st.ledger if k[3] == st.revision}
+        for src, r in zip(st.regression_src, st.regressions):
+            val = mine.get(src)
+            if val is not None:
+                if (val.id, r.case) not in have:
+                    self._record(val.id, val.version, UNKNOWN(
+                        r.case, f"regression case not re-checked: {val.id} gave no verdict "
+                                f"on it for this revision"), regress=False)
+            elif src.startswith("rt.nack") and node.recheck is None and \
+                    ("regression", r.case) not in have:
+                self._record("regression", "", UNKNOWN(
+                    r.case, f"regression case from {src} not re-checked: nothing here can "
+                            f"(pass recheck= to re-check it on every revision)"),
+                    regress=False)
 
     def _vkey(self, val: Validator) -> tuple:
         return ("validator", val.id, val.version, _fingerprint(self.st.candidate))
@@ -1055,20 +1559,83 @@ class _Loop:
     # -- exits ------------------------------------------------------------------------------
 
     def _stable(self) -> Any:
-        st = self.st
+        st, node, book = self.st, self.node, self.book
+        was = st.status
         st.status = "stable"
         st.failed = None
+        st.base = 0
+        if was != "stable":
+            self._outcome(st.revision, "accepted")
+            _emit(book, events.Accepted(st.label, st.revision))
+            if node.recheck_every is not None:
+                book.spot[self.inst] = (self.rt.revision, time.monotonic())
+        if node.reuse == "revalidate" and not self._vacuous():
+            book.latest[node] = (st.candidate, st.label)
         return st.candidate
 
-    def _fail(self, reason: str, repeated: int | None = None) -> None:
-        st = self.st
+    def _fail(self, reason: str, repeated: int | None = None, detail: str | None = None) -> None:
+        st, node = self.st, self.node
+        if reason == "graph":
+            reason, detail = "budget", detail or _graph_figures(self.book)
+        if st.attempts and st.attempts[-1].revision and not st.attempts[-1].outcome:
+            st.attempts[-1].outcome = f"stopped: {reason}"
         best = _best(st)
-        report = _report(self.node, st, reason, repeated)
+        report = _report(node, st, reason, repeated, detail=detail, book=self.book)
         st.status = "failed"
         exc = NotAccepted(st.label, reason, report, best, st.spent_attempts)
         st.failed = exc
         st.failed_events = st.events
+        _emit(self.book, events.Stopped(st.label, reason))
+        escalate = node.on_failure or self.book.on_failure
+        if escalate is not None and not st.escalated and not st.damped:
+            st.escalated = True
+            cand = escalate(exc)     # what the caller supplies (a human, a stronger model)
+            if cand is not None:
+                self._escalated(cand, exc)
         raise exc
+
+    def _escalated(self, cand: Any, exc: NotAccepted) -> None:
+        """on_failure returned a candidate: it is validated like any other; accepted, the
+        run returns it (raises _Escalated); otherwise the loop stops as before."""
+        st = self.st
+        if isinstance(cand, Candidate):
+            rec, cand = cand, cand.value
+        else:
+            rec = None
+        if inspect.isawaitable(cand):
+            raise TypeError(f"incr.llm {st.label}: on_failure returned an awaitable; it "
+                            f"must return a candidate or None")
+        st.failed = None
+        st.status = "active"
+        self._adopt(cand, "supplied by on_failure after: " + exc.reason)
+        if rec is not None:
+            a = st.attempts[-1]
+            a.rationale, a.hypothesis, a.patch = str(rec.rationale), str(rec.hypothesis), rec.patch
+        st.pending = "judge"
+        if self._judge():
+            raise _Escalated(self._stable())
+        # rejected: stop with the reason the loop had (on_failure is asked once per budget)
+        self._fail(exc.reason)
+
+
+class _Escalated(Exception):
+    """Internal: on_failure supplied a candidate that was accepted; run() returns it."""
+
+    def __init__(self, value: Any):
+        super().__init__("incr: accepted after on_failure")
+        self.value = value
+
+
+def _acked_by_revision(st: _Node) -> dict:
+    """revision -> {(validator id, case) with ACKs and no other verdict}, this context."""
+    kinds: dict = {}
+    for (vid, _vv, case, rev), (vs, _d) in st.ledger.items():
+        kinds.setdefault(rev, {}).setdefault((vid, case), set()).update(v.kind for v in vs)
+    return {rev: {k for k, ks in per.items() if ks == {"ACK"}} for rev, per in kinds.items()}
+
+
+def _cases(pairs) -> str:
+    return ", ".join(f"{vid} / {case!r}" for vid, case in pairs)
 
 
 def _verdicts_for(st: _Node, rev: int) -> dict:
@@ -1119,8 +1686,10 @@ def _best(st: _Node) -> Any:
 
 
 def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None,
-            halt: str | None = None) -> str:
+            halt: str | None = None, detail: str | None = None, book=None) -> str:
     why = {
+        "divergence": f"{node.patience} revision(s) in a row had fewer distinct ACKed cases "
+                      f"than the best one so far (patience={node.patience})",
         "halted": f"halted before its next generator call by rt.halt({halt!r}); nothing was "
                   f"recorded for that call, and after rt.resume() the node generates again",
         "budget": f"the budget ran out ({node.budget})",
@@ -1130,14 +1699,28 @@ def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None,
         "unknown": "the evidence acceptance needs could not be obtained (UNKNOWN verdicts or "
                    "too few cases), and there is no NACK to learn from",
     }[reason]
+    if detail:
+        why = detail if reason == "oscillation" and repeated is None else f"{why}: {detail}"
     lines = [f"{st.label}: not accepted — {why}.",
              f"{st.spent_attempts} generator call(s) in this context; "
              f"{st.spent_tokens} tokens, cost {st.spent_cost:g}."]
+    if book is not None and book.budget is not None and "runtime-wide" not in why:
+        lines.append(_graph_figures(book) + ".")
     for a in st.attempts:
         head = f"  revision {a.revision}" if a.revision else "  (no candidate)"
         lines.append(f"{head} [{a.fingerprint or '-'}] {a.seconds * 1000:.0f} ms"
                      + (f", {a.tokens} tokens" if a.tokens else "")
+                     + (f"; {a.outcome}" if a.outcome else "")
                      + (f"; {a.note}" if a.note else ""))
+        if a.revision and a.revision in st.values:
+            lines.append(f"    candidate: {_text(st.values[a.revision])}")
+        for name in ("rationale", "hypothesis"):
+            if getattr(a, name):
+                lines.append(f"    {name}: {_text(getattr(a, name))}")
+        if a.expect:
+            lines.append(f"    expected to flip: {', '.join(a.expect)}")
+        if a.patch is not None:
+            lines.append(f"    patch: {_text(a.patch)}")
         if a.feedback:
             lines.append(f"    fed back: " + "; ".join(f"{v.case}" for v in a.feedback))
         for vid, v in a.verdicts:
@@ -1147,7 +1730,36 @@ def _report(node: LLMNode, st: _Node, reason: str, repeated: int | None,
             elif isinstance(v, UNKNOWN):
                 detail = f" ({v.reason})"
             lines.append(f"    {v.kind:<7} {vid} / {v.case}{detail}")
+    lines.append("next step: " + _next_step(node, st, reason))
     return "\n".join(lines)
+
+
+def _text(x: Any, limit: int = 160) -> str:
+    """A candidate, rationale or patch on one line, truncated."""
+    try:
+        t = x if isinstance(x, str) else repr(x)
+    except Exception:
+        t = f"<a {type(x).__qualname__} whose repr() raises>"
+    t = t.replace("\n", "\\n")
+    return t if len(t) <= limit else t[:limit - 3] + "..."
+
+
+def _next_step(node: LLMNode, st: _Node, reason: str) -> str:
+    """What a user can do about a loop that stopped for ``reason``."""
+    return {
+        "budget": "raise the Budget (per node, or Runtime(budget=)) if the last revisions were "
+                  "getting closer; otherwise improve the prompt or the feedback rendering",
+        "oscillation": "the model returns to an answer already rejected: give it more "
+                       "context in feedback, use a stronger model, or on_failure= to escalate",
+        "no_progress": "two attempts brought no new evidence: check that the validators "
+                       "report the failing cases with counterexamples",
+        "divergence": "the revisions are getting worse: start from .best, or raise patience "
+                      "if the task needs exploration",
+        "validator_unstable": "fix the validator first: it judged one candidate both ways",
+        "unknown": "a required validator could not decide (it raised, timed out, or gave no "
+                   "verdict on a regression case): fix it, or pass recheck=",
+        "halted": "call rt.resume() and demand the node again",
+    }.get(reason, "see the verdicts above")
 
 
 # --- the runtime's side: state, outside verdicts, Reject -----------------------------------
@@ -1174,6 +1786,16 @@ def _context_key(rt, node: LLMNode, inst) -> tuple[str, dict]:
 
 
 def state(rt, node, args, kwargs) -> NodeState:
+    if isinstance(node, Cell) and not isinstance(node, LLMNode):
+        # a plain cell: "stable" when up to date, "invalid" until it runs again (after a
+        # change, or a NACK that withdrew an LLM node it read)
+        inst = rt._instance(node, args, kwargs, create=False)
+        if inst is None:
+            raise IncrError(f"rt.state: {node.qualname_label}{tuple(args)!r} has never run on "
+                            f"this runtime; call it first")
+        stale = rt._stale(inst)
+        return NodeState(candidate=None if stale else inst.value, revision=0,
+                         status="invalid" if stale else "stable")
     inst, st = _instance(rt, node, args, kwargs, "state")
     if st is None and inst is not None and inst.action in ("loaded", "reused"):
         # taken from the store with no saved state (or a damaged one): what the entry says
@@ -1189,8 +1811,25 @@ def state(rt, node, args, kwargs) -> NodeState:
     for (vid, vver, case, rev), (vs, _d) in st.ledger.items():
         # a NACK outranks an UNKNOWN, which outranks an ACK, when one key holds several
         checks[(vid, vver, case, rev)] = max(vs, key=lambda v: {"NACK": 2, "UNKNOWN": 1}.get(v.kind, 0))
+    status = st.status
+    if status == "stable" and rt._stale(inst, True):
+        status = "invalid"       # something it read was withdrawn or changed: until it re-runs
+    elif status == "stable" and not node.validators and node.recheck is None and not any(
+            k[3] == st.revision and v.kind == "ACK" for k, v in checks.items()):
+        status = "unvalidated"   # nothing checked it: accepted, not validated
     return NodeState(candidate=st.candidate, revision=st.revision, context_key=key,
-                     dependency_revisions=revs, checks=checks, status=st.status)
+                     dependency_revisions=revs, checks=checks, status=status,
+                     attempts=[_attempt_info(st, a) for a in st.attempts])
+
+
+def _attempt_info(st: _Node, a: _Attempt) -> dict:
+    """One attempt as rt.state(...).attempts shows it."""
+    return {"revision": a.revision,
+            "candidate": st.values.get(a.revision) if a.revision else None,
+            "rationale": a.rationale, "hypothesis": a.hypothesis, "patch": a.patch,
+            "expect": a.expect, "feedback": a.feedback, "verdicts": list(a.verdicts),
+            "outcome": a.outcome, "note": a.note, "tokens": a.tokens, "cost": a.cost,
+            "seconds": a.seconds}
 
 
 def halt(rt, reason) -> None:
@@ -1234,7 +1873,7 @@ def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
     rt._invalidate(inst, check=True)   # a change: refused inside a computation, before it
     snap = _snapshot(st)
     try:
-        must = _note(st, f"rt.{source}", "", verdict, revision)
+        must = _note(st, f"rt.{source}", "", verdict, revision, rt.llm)
         _save(rt, inst, st, None)
         if must:
             rt._invalidate(inst)
@@ -1254,11 +1893,12 @@ def outside_verdict(rt, node, args, kwargs, verdict, revision, source) -> None:
 def _snapshot(st: _Node) -> tuple:
     """What an outside verdict changes in a node's state, copied (see _restore)."""
     return ({k: (list(vs), set(d)) for k, (vs, d) in st.ledger.items()}, st.status, st.events,
-            set(st.withdrawn), list(st.regressions))
+            set(st.withdrawn), list(st.regressions), list(st.regression_src), st.withdrawals)
 
 
 def _restore(st: _Node, snap: tuple) -> None:
-    st.ledger, st.status, st.events, st.withdrawn, st.regressions = snap
+    (st.ledger, st.status, st.events, st.withdrawn, st.regressions, st.regression_src,
+     st.withdrawals) = snap
 
 
 def _ledger_add(st: _Node, key: tuple, v: Any, regress: bool = True) -> bool:
@@ -1276,10 +1916,11 @@ def _ledger_add(st: _Node, key: tuple, v: Any, regress: bool = True) -> bool:
     if regress and isinstance(v, NACK) and v.counterexample is not None and \
             all(_cex_key(r) != _cex_key(v) for r in st.regressions):
         st.regressions.append(v)      # a regression case for every later revision
+        st.regression_src.append(key[0])   # ... re-checked by the validator that found it
     return True
 
 
-def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
+def _note(st: _Node, vid: str, vver: str, v, revision: int, book=None) -> bool:
     """Record an outside verdict; True when the node must run again (its current candidate
     was NACKed, or an ACK may complete its acceptance)."""
     if not _ledger_add(st, (vid, vver, v.case, revision), v):
@@ -1288,6 +1929,11 @@ def _note(st: _Node, vid: str, vver: str, v, revision: int) -> bool:
         return False                  # history: never moves the current status
     st.events += 1
     if isinstance(v, NACK):
+        if st.status == "stable":
+            st.withdrawals += 1
+            if book is not None:
+                _emit(book, events.Withdrawn(st.label, revision,
+                                             f"{vid}: NACK on {v.case!r}"))
         if st.status != "failed":
             st.status = "invalid"
         if st.has_candidate:
@@ -1361,7 +2007,7 @@ def _absorb_reject(rt, e: Reject):
     rev = e.revision if e.revision is not None else st.revision
     st.rejections += 1
     by = f"reject:{e.by}" if e.by else "reject"
-    if not _note(st, by, "", NACK(e.case, e.counterexample, e.message), rev):
+    if not _note(st, by, "", NACK(e.case, e.counterexample, e.message), rev, rt.llm):
         # nothing new: the same NACK again, or one for a revision already replaced. Running
         # the rejecting computation again would only reject again: the Reject propagates.
         e.add_note(f"incr: {st.label} was already rejected on {e.case!r} for revision {rev}; "
@@ -1468,7 +2114,10 @@ def _save(rt, inst, st: _Node, reads) -> None:
         "regressions": [_venc(v) for v in st.regressions],
         "attempts": [[a.revision, a.fingerprint, [_venc(v) for v in a.feedback],
                       [[vid, _venc(v)] for vid, v in a.verdicts], a.tokens, float(a.cost),
-                      float(a.seconds), a.note] for a in st.attempts[-100:]],
+                      float(a.seconds), a.note, a.rationale, a.hypothesis, _enc(a.patch),
+                      list(a.expect), a.outcome] for a in st.attempts[-100:]],
+        "regression_src": list(st.regression_src),
+        "control": [st.base, st.below, st.withdrawals, st.damped, st.escalated],
         "fingerprints": [[k, r] for k, r in st.fingerprints.items()],
         "withdrawn": sorted(st.withdrawn),
         "epoch": st.epoch, "spent": [st.spent_attempts, st.spent_tokens, float(st.spent_cost)],
@@ -1532,10 +2181,22 @@ def _unpack_node(data: bytes, label: str) -> _Node:
             dec, {(v.kind, _cex_key(v) if isinstance(v, NACK) else "") for v in dec})
     st.history = [(tuple(k), _vdec(v), int(ep)) for k, v, ep in p["history"]]
     st.regressions = [_vdec(v) for v in p["regressions"]]
-    for rev, fp, fb, vds, tok, cost, sec, note in p["attempts"]:
-        st.attempts.append(_Attempt(int(rev), str(fp), tuple(_vdec(v) for v in fb),
-                                    [(str(vid), _vdec(v)) for vid, v in vds],
-                                    int(tok), float(cost), float(sec), str(note)))
+    for row in p["attempts"]:
+        rev, fp, fb, vds, tok, cost, sec, note = row[:8]
+        a = _Attempt(int(rev), str(fp), tuple(_vdec(v) for v in fb),
+                     [(str(vid), _vdec(v)) for vid, v in vds],
+                     int(tok), float(cost), float(sec), str(note))
+        if len(row) >= 13:       # reflection records (older records have none)
+            a.rationale, a.hypothesis = str(row[8]), str(row[9])
+            a.patch, a.expect, a.outcome = _dec(row[10]), tuple(str(x) for x in row[11]), str(row[12])
+        st.attempts.append(a)
+    src = p.get("regression_src")
+    st.regression_src = ([str(x) for x in src] if type(src) is list
+                         and len(src) == len(st.regressions) else [""] * len(st.regressions))
+    ctl = p.get("control")
+    if ctl is not None:
+        st.base, st.below, st.withdrawals = int(ctl[0]), int(ctl[1]), int(ctl[2])
+        st.damped, st.escalated = bool(ctl[3]), bool(ctl[4])
     st.fingerprints = {str(k): int(r) for k, r in p["fingerprints"]}
     st.withdrawn = {str(x) for x in p["withdrawn"]}
     st.epoch = int(p["epoch"])

@@ -68,7 +68,7 @@ def test_nack_current_revision_withdraws_node_and_readers_only(rt, log, story):
     (fb,) = gb.calls[1]
     assert fb.case == "refunds" and fb.counterexample["expected"] == 0
     st = rt.state(write_sql, "r")
-    assert st.status == "stable" and st.revision == 2
+    assert st.status == "unvalidated" and st.revision == 2
     assert st.checks[("rt.nack", "", "refunds", 1)].kind == "NACK"
 
 
@@ -82,7 +82,7 @@ def test_late_verdicts_for_other_revisions_never_move_the_current_status(rt, log
         assert rt.state(write_sql, "r").revision == 2
         rt.nack(write_sql, "r", revision=1, case="late", counterexample="cex-late")
         rt.ack(write_sql, "r", revision=1, case="late-ack")
-        assert rt.state(write_sql, "r").status == "stable"
+        assert rt.state(write_sql, "r").status == "unvalidated"
         assert run_query("r") == "rows for WHERE paid AND NOT refunded"
         assert log.take() == []                                  # nothing withdrawn
     st = rt.state(write_sql, "r")
@@ -127,7 +127,7 @@ def test_reject_in_a_downstream_cell(rt, log):
         assert run_query("q") == "ran WHERE paid AND NOT refunded"
     assert log.take() == ["C", "B", "A", "C", "B"]              # aborted C runs again; A once
     st = rt.state(write_sql, "q")
-    assert st.revision == 2 and st.status == "stable"
+    assert st.revision == 2 and st.status == "unvalidated"
     (key,) = [k for k in st.checks if k[0].startswith("reject")]
     assert key == ("reject:run_query('q')", "", "refunds", 1)   # bound to what C consumed
     assert gb.calls[1][0].counterexample == {"got": 2, "expected": 1}
@@ -399,7 +399,7 @@ def test_an_outside_verdict_incr_cannot_keep_is_refused_before_anything_changes(
     after = rt.state(node, 0)
     assert (after.status, after.revision, after.candidate, after.checks) == \
         (before.status, before.revision, before.candidate, before.checks) == \
-        ("stable", 1, "first", {})
+        ("unvalidated", 1, "first", {})  # no validators (v2)
     assert rt.revision == rev0
     with rt:
         assert node(0) == "first" and len(gen.calls) == 1     # nothing was withdrawn
@@ -414,7 +414,7 @@ def test_an_outside_verdict_incr_cannot_keep_is_refused_before_anything_changes(
         with warnings.catch_warnings():
             warnings.simplefilter("error")                       # no DamagedRecordWarning
             s = again.state(node, 0)
-            assert s.revision == 2 and s.status == "stable"
+            assert s.revision == 2 and s.status == "unvalidated"
             assert s.checks[("rt.nack", "", "wrong", 1)].kind == "NACK"
             with again:
                 assert node(0) == "second"
@@ -490,7 +490,7 @@ def test_a_reject_incr_cannot_keep_is_a_type_error_where_it_is_raised(rt):
             reader(0)
         with pytest.raises(incr.NotAccepted):
             node2(0)
-    assert rt.state(node, 0).status == "stable"
+    assert rt.state(node, 0).status == "unvalidated"
     (key, v), = rt.state(node2, 0).checks.items()
     assert v.kind == "UNKNOWN" and "incr.Reject: counterexample is" in v.reason
 
@@ -510,4 +510,4 @@ def test_a_verdict_from_inside_a_computation_is_refused_before_anything_changes(
             meddles()
     after = rt.state(write_sql, "r")
     assert (after.status, after.checks) == (before.status, before.checks)
-    assert after.status == "stable"
+    assert after.status == "unvalidated"

@@ -54,7 +54,7 @@ def test_no_validators_accepts_first_candidate_then_pass(rt):
         assert node(1) == "a"
     assert len(s.calls) == 1
     st = rt.state(node, 1)
-    assert (st.status, st.revision, st.candidate) == ("stable", 1, "a")
+    assert (st.status, st.revision, st.candidate) == ("unvalidated", 1, "a")  # v2: nothing checked it
     assert rt.stats()["generations"] == 1
 
 

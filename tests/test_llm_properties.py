@@ -473,7 +473,20 @@ class LLMFaults(RuleBasedStateMachine):
                     any(v in r["out"] for r in recs) or
                     (case == "*" and v.kind == "UNKNOWN" and
                      (vid == self.timed_vid or any(r["end"] in ("raise", "silent")
-                                                   for r in recs))))
+                                                   for r in recs))) or
+                    # a regression case this validator found before and said nothing about
+                    # on this revision: UNKNOWN, never assumed fixed
+                    (v.kind == "UNKNOWN" and v.reason.startswith("regression case not "
+                                                                 "re-checked") and
+                     any(o.kind == "NACK" and o.case == case and
+                         o.counterexample is not None
+                         for (vid2, _r), rs in self.vlog.items() if vid2 == vid
+                         for r in rs for o in r["out"])))
+            elif vid == "regression":
+                # an rt.nack's regression case that nothing here re-checks: UNKNOWN, shown
+                ok = vver == "" and v.kind == "UNKNOWN" and any(
+                    k == "nack" and n == node and c == case and cx is not None
+                    for (k, n, c, _r, cx) in self.sent)
             elif vid in ("rt.nack", "rt.ack"):
                 cex = v.counterexample if v.kind == "NACK" else None
                 ok = vver == "" and (v.kind.lower(), node, case, rev, cex) in self.sent and \

@@ -1,0 +1,105 @@
+"""What an LLM node's control loop reports while it runs: typed events for ``rt.on_event``.
+
+``rt.on_event(callback)`` subscribes ``callback(event)`` to every event of the runtime and
+returns a function that unsubscribes it. Events are plain frozen records; each names the node
+instance it is about (``label``, the same text as ``rt.explain`` and ``incr inspect`` use).
+
+- :class:`GenerationStarted` / :class:`GenerationFinished` (tokens, cost, seconds) -- one
+  model call of a node.
+- :class:`Verdict` -- one verdict recorded for a candidate revision (a validator's, a
+  recheck's, an ``rt.nack``/``rt.ack``'s or a ``Reject``'s).
+- :class:`Accepted` -- a candidate revision became the node's accepted value.
+- :class:`Withdrawn` -- an accepted candidate was withdrawn (a NACK from outside, or a failed
+  re-validation).
+- :class:`Regression` -- a revision lost a case an earlier revision had ACKed;
+  :class:`Reverted` -- so the next generation starts from the best revision instead.
+- :class:`Warning` -- a monitor passed 80% of its threshold (a budget, the divergence
+  patience): the loop has not stopped yet.
+- :class:`Stopped` -- the loop ended without acceptance (``reason`` as ``NotAccepted.reason``;
+  ``"halted"`` when ``rt.halt`` stopped it).
+- :class:`ValidatorChanged` -- an audit record: a validator of the node has another identity
+  (code or version) than the one its stored verdicts were made by; those are history now.
+
+Callbacks run on the thread running the loop (a worker thread for a generator call made
+ahead), must be quick, and must not call back into the runtime. An exception in a callback is
+reported as a ``RuntimeWarning`` and never changes what the loop does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+__all__ = ["Event", "GenerationStarted", "GenerationFinished", "Verdict", "Accepted",
+           "Withdrawn", "Regression", "Reverted", "Warning", "Stopped", "ValidatorChanged"]
+
+
+@attrs.frozen
+class Event:
+    """Base of every event: ``label`` names the node instance."""
+    label: str
+
+
+@attrs.frozen
+class GenerationStarted(Event):
+    attempt: int                  # the node's model calls in this context, this one included
+
+
+@attrs.frozen
+class GenerationFinished(Event):
+    attempt: int
+    tokens: int
+    cost: float
+    seconds: float
+    error: str = ""               # the exception's type and text when the call failed
+
+
+@attrs.frozen
+class Verdict(Event):
+    validator: str                # validator id (or "rt.nack", "reject:...", "<node>.recheck")
+    revision: int
+    verdict: Any                  # the incr.ACK / NACK / UNKNOWN
+
+
+@attrs.frozen
+class Accepted(Event):
+    revision: int
+
+
+@attrs.frozen
+class Withdrawn(Event):
+    revision: int
+    why: str
+
+
+@attrs.frozen
+class Regression(Event):
+    revision: int                 # the revision that lost the cases
+    lost: tuple                   # ((validator id, case), ...) ACKed before, not now
+    best: int                     # the best revision so far
+
+
+@attrs.frozen
+class Reverted(Event):
+    revision: int                 # the revision set aside
+    to: int                       # the revision the next generation starts from
+
+
+@attrs.frozen
+class Warning(Event):             # noqa: A001 -- incr.events.Warning, as the contract names it
+    monitor: str                  # "attempts", "tokens", "cost", "seconds", "graph ...", "patience"
+    used: float
+    limit: float
+
+
+@attrs.frozen
+class Stopped(Event):
+    reason: str
+
+
+@attrs.frozen
+class ValidatorChanged(Event):
+    validator: str
+    old: str                      # the version its earlier verdicts were made by
+    new: str
