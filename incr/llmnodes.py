@@ -151,6 +151,8 @@ class Candidate:
     tokens: int = 0
     cost: float = 0.0
     rationale: str = ""
+    hypothesis: str = ""
+    patch: Any = None
 
 
 def _positive(kind):
