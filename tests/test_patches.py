@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import doctest
 import os
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import incr.patches
 from incr.patches import NO_NEWLINE, PatchError, apply_patch, make_patch, split_reply
 
 # Lines from a small alphabet, so that random texts share many lines (the diffs then have
@@ -214,3 +216,8 @@ def test_a_gnu_style_diff_of_difflib_itself_applies():
     patch = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
                                          "a/q.sql", "b/q.sql", "2026-01-01", "2026-01-02"))
     assert apply_patch(old, "diff --git a/q.sql b/q.sql\nindex 1..2 100644\n" + patch) == new
+
+
+def test_the_docstring_examples_run():
+    failed, attempted = doctest.testmod(incr.patches)
+    assert (failed, attempted) == (0, 2)
