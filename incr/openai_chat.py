@@ -273,7 +273,7 @@ class ChatGenerator:
             diff, rationale = split_reply(text)
             if diff is None or not diff.strip():
                 return None
-            value = apply_patch(previous, diff)
+            value = apply_patch(previous, diff, complete=True)     # not cut short
         except PatchError:
             return None
         return Candidate(value, tokens=tokens, cost=cost, rationale=rationale, patch=diff)

@@ -172,7 +172,10 @@ def _by_extent(lines: list[str], i: int, header: str, number: int):
     return body, j
 
 
-def _parse(patch: str) -> list[_Hunk]:
+def _parse(patch: str, complete: bool) -> list[_Hunk]:
+    """The hunks of ``patch``. ``complete``: the patch is known to end where it was meant
+    to (a closed fence, a reply that was not cut short), so a last hunk shorter than its
+    header says was miscounted, not cut."""
     lines = patch.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -207,7 +210,7 @@ def _parse(patch: str) -> list[_Hunk]:
                 body, nxt = _by_extent(lines, i + 1, header, number)
                 o = sum(t in " -" for t, _ in body)
                 n = sum(t in " +" for t, _ in body)
-                if nxt >= len(lines) and (o < old_n or n < new_n):
+                if not complete and nxt >= len(lines) and (o < old_n or n < new_n):
                     raise PatchError(f"{_hunk_name(number, header)} is cut short: its header "
                                      f"counts {old_n} old and {new_n} new lines, the patch "
                                      f"ends after {o} and {n}. Send the whole diff.")
@@ -344,12 +347,18 @@ def _why_not(src: list[str], h: _Hunk, want: int, floor: int, max_offset: int) -
             f"lines of there. Nothing was changed. {_ADVICE}")
 
 
-def apply_patch(old: str, patch: str, *, max_offset: int = MAX_OFFSET) -> str:
+def apply_patch(old: str, patch: str, *, max_offset: int = MAX_OFFSET,
+                complete: bool = False) -> str:
     """``old`` with the unified diff ``patch`` applied, strictly (see the module's
     docstring). ``---``/``+++`` headers are optional; text before the first hunk is ignored; a
     patch wrapped in a fenced block (````` ```diff `````) is read from inside it. A patch with
     no ``\\ No newline at end of file`` marker at all leaves the text's last newline (or its
     absence) as it is. An empty patch changes nothing.
+
+    A hunk whose header counts other numbers of lines than it has is read by its lines (the
+    content still has to match). Only its last hunk having fewer lines than its header says
+    is refused, as a patch that may have been cut short, unless the patch is known to be
+    whole: in a closed fence, or ``complete=True`` (a model's reply that was not cut short).
 
     Runtime complexity: O(lines of the text + lines of the patch x (2 max_offset + 1)).
 
@@ -369,8 +378,12 @@ def apply_patch(old: str, patch: str, *, max_offset: int = MAX_OFFSET) -> str:
         found, _ = split_reply(patch)
         if found is None:
             raise PatchError("the patch is in a fenced block that holds no diff")
-        patch = found
-    hunks = _parse(patch)
+        return _apply(old, found, max_offset, complete=True)
+    return _apply(old, patch, max_offset, complete=bool(complete))
+
+
+def _apply(old: str, patch: str, max_offset: int, complete: bool) -> str:
+    hunks = _parse(patch, complete)
     if not hunks:
         if not patch.strip():
             return old

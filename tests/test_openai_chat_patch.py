@@ -127,6 +127,18 @@ def test_a_retry_with_a_good_diff_makes_one_call_and_returns_the_patched_text(sd
     assert msgs == gen.messages(PROMPT, OLD, FEEDBACK)
 
 
+def test_a_miscounted_last_hunk_still_applies_when_the_reply_was_whole(sdk, http):
+    # the header counts 6 and 7 lines, the hunk has 3 and 4: models miscount; the content
+    # matches and the reply ended normally (finish_reason "stop", the fence closed)
+    for body in (GOOD.replace("@@ -1,3 +1,4 @@", "@@ -1,6 +1,7 @@"),
+                 GOOD_DIFF.replace("@@ -1,3 +1,4 @@", "@@ -1,6 +1,7 @@")):   # unfenced
+        srv = Server(http, body)
+        gen = openai_chat.chat_generator("m", client=srv.client(sdk), patch=True)
+        out = gen(PROMPT, previous=OLD, feedback=FEEDBACK)
+        assert (out.value, len(srv.requests)) == (NEW, 1)
+        assert out.patch is not None
+
+
 def test_a_diff_that_does_not_apply_falls_back_to_the_full_answer(sdk, http):
     srv = Server(http, completion(BAD, 100, 20), completion(NEW, 150, 30))
     gen = openai_chat.chat_generator("m", system=SYSTEM, client=srv.client(sdk), patch=True,

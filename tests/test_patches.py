@@ -182,9 +182,14 @@ def test_miscounted_headers_are_read_from_the_body_and_the_content_still_decides
     assert apply_patch(SQL, "@@ -1,9 +1,9 @@\n SELECT count(*)\n-FROM orders\n+FROM o\n"
                             "@@ -4 +4 @@\n-GROUP BY day;\n+GROUP BY 1;\n") == \
         SQL.replace("FROM orders", "FROM o").replace("day;", "1;")
-    # a last hunk with fewer lines than its header counts may be a reply cut short
+    # a last hunk with fewer lines than its header counts may be a reply cut short...
+    short = "@@ -1,4 +1,4 @@\n SELECT count(*)\n-FROM orders\n+FROM o\n"
     with pytest.raises(PatchError, match="cut short"):
-        apply_patch(SQL, "@@ -1,4 +1,4 @@\n SELECT count(*)\n-FROM orders\n+FROM o\n")
+        apply_patch(SQL, short)
+    # ...unless the patch is known to be whole: a closed fence, or complete=True
+    fixed = SQL.replace("FROM orders", "FROM o")
+    assert apply_patch(SQL, short, complete=True) == fixed
+    assert apply_patch(SQL, f"```diff\n{short}```\n") == fixed
     # an SQL comment removed ("-- x" -> "--- x") is a line, not a file header
     old = "-- total\nSELECT 1;\n"
     assert apply_patch(old, make_patch(old, "++ total\nSELECT 1;\n")) == "++ total\nSELECT 1;\n"
