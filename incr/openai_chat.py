@@ -21,10 +21,19 @@ What one call sends (``gen.messages(...)`` returns it without sending anything):
 - ``feedback`` without ``previous`` is never dropped: it is added to the prompt's user turn.
 
 It returns ``incr.Candidate(value, tokens=usage.total_tokens, cost=...)``; ``cost`` is computed
-only when ``price_per_token`` is given. The SDK's exceptions are never caught or wrapped: their
-class names and ``status_code`` are what tells ``incr`` to retry a rate limit, a timeout, a
-connection error or a 5xx with backoff, and to let anything else (a bad request, a wrong key)
-reach the caller.
+only when ``price_per_token`` is given.
+
+Patch mode (``chat_generator(..., patch=True)``): when ``previous`` is a string (a retry), the
+last user message asks instead for a minimal edit of the previous answer, as a unified diff in
+one fenced block; the diff is applied with :func:`incr.patches.apply_patch` (strictly) and the
+candidate is the patched text, with ``patch=`` the diff and ``rationale=`` the reply's words
+outside the block. A reply with no diff, a diff that does not apply, or a reply cut short
+(``finish_reason="length"``) costs one more call: the full-answer request of the normal mode,
+and that candidate (``patch=None``) carries the tokens and cost of both calls.
+
+The SDK's exceptions are never caught or wrapped: their class names and ``status_code`` are
+what tells ``incr`` to retry a rate limit, a timeout, a connection error or a 5xx with backoff,
+and to let anything else (a bad request, a wrong key) reach the caller.
 """
 
 from __future__ import annotations
@@ -34,12 +43,21 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 from incr.llmnodes import Candidate
+from incr.patches import PatchError, apply_patch, split_reply
 
 __all__ = ["AsyncChatGenerator", "ChatGenerator", "chat_generator", "render_feedback"]
+
+#: What patch mode asks for, after the feedback (the default renderer's last line, or added
+#: after what a custom ``render`` returns).
+PATCH_REQUEST = ("Reply with a minimal edit of that answer that passes every check above: a "
+                 "unified diff against it, in one ```diff fenced block (hunks headed "
+                 "'@@ -start,count +start,count @@', every context and removed line exactly "
+                 "as in the answer). Outside the block, say in a sentence what you changed "
+                 "and why.")
 
 #: Sent as the API key when ``base_url`` is given and no key is (a local server needs none,
 #: but the SDK refuses to start without one).
@@ -77,13 +95,17 @@ def _as_text(candidate: Any) -> str:
 
 
 def render_feedback(feedback: Iterable[Any], max_counterexample_chars: int | None = 4000,
-                    *, previous_shown: bool = True) -> str:
+                    *, previous_shown: bool = True, patch: bool = False) -> str:
     """The user message that follows the previous candidate: one entry per verdict of
     ``feedback`` (its case, its message, its counterexample as compact JSON, else ``repr``),
-    then the request for a corrected answer. With ``previous_shown=False`` (feedback given
+    then the request for a corrected answer (with ``patch=True``: for a minimal edit as a
+    unified diff, :data:`PATCH_REQUEST`). With ``previous_shown=False`` (feedback given
     without the candidate it judged) it speaks of "an earlier answer" instead."""
     items = list(feedback)
+    patch = patch and previous_shown
     if not items:
+        if patch:
+            return f"That answer was not accepted. {PATCH_REQUEST}"
         return ("That answer was not accepted. Write a corrected answer, in the same form "
                 "as before.")
     if not previous_shown:
@@ -97,7 +119,9 @@ def render_feedback(feedback: Iterable[Any], max_counterexample_chars: int | Non
         cex = getattr(v, "counterexample", None)
         if cex is not None:
             lines.append(f"   counterexample: {_clip(_compact(cex), max_counterexample_chars)}")
-    if previous_shown:
+    if patch:
+        lines.append(PATCH_REQUEST)
+    elif previous_shown:
         lines.append("Write a corrected answer that passes every check above, in the same "
                       "form as before.")
     else:
@@ -112,13 +136,14 @@ class ChatGenerator:
     an ``incr.Candidate``; ``gen.messages(prompt, previous, feedback)`` returns the messages
     it would send; ``gen.client`` is the ``openai.OpenAI`` client it uses;
     ``gen.fingerprint`` is a short hash of the model and everything sent besides the
-    prompt, for an ``@incr.llm`` node's ``version``.
+    prompt, for an ``@incr.llm`` node's ``version``; ``gen.patch`` says whether a retry asks
+    for a diff (patch mode, see the module's docstring).
     """
 
     def __init__(self, client: Any, model: str, *, system: str | None, temperature: float | None,
                  max_tokens: int | None, price_per_token, parse: Callable[[str], Any] | None,
                  render: Callable[..., str] | None, max_counterexample_chars: int | None,
-                 create_kwargs: dict):
+                 create_kwargs: dict, patch: bool = False):
         self.client = client
         self.model = model
         self.system = system
@@ -129,6 +154,7 @@ class ChatGenerator:
         self.render = render
         self.max_counterexample_chars = max_counterexample_chars
         self.create_kwargs = dict(create_kwargs)
+        self.patch = patch
 
     @property
     def fingerprint(self) -> str:
@@ -140,12 +166,20 @@ class ChatGenerator:
                  getattr(self.parse, "__qualname__", repr(self.parse)),
                  getattr(self.render, "__qualname__", repr(self.render)),
                  self.max_counterexample_chars]
+        if self.patch:      # only then: the fingerprints of generators without it stay
+            parts.append("patch")
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
 
+    def _patches(self, previous: Any, patch: bool | None) -> bool:
+        return (self.patch if patch is None else patch) and isinstance(previous, str)
+
     def messages(self, prompt: str | Sequence[dict], previous: Any = None,
-                 feedback: Iterable[Any] = ()) -> list[dict]:
-        """The messages one call with these arguments sends. ``prompt`` is the user's text,
-        or a list of chat messages (dicts) that stands for it."""
+                 feedback: Iterable[Any] = (), *, patch: bool | None = None) -> list[dict]:
+        """The messages one call with these arguments sends (in patch mode, the first call:
+        the one that asks for a diff; ``patch=False`` gives the full-answer request it falls
+        back to). ``prompt`` is the user's text, or a list of chat messages (dicts) that
+        stands for it."""
+        patch = self._patches(previous, patch)
         out: list[dict] = []
         if self.system is not None:
             out.append({"role": "system", "content": self.system})
@@ -165,16 +199,22 @@ class ChatGenerator:
         else:
             out.extend(dict(m) for m in prompt)
         if previous is not None:
-            text = (self.render(feedback) if self.render is not None
-                    else render_feedback(feedback, self.max_counterexample_chars))
+            if self.render is not None:
+                text = self.render(feedback)
+                if patch:
+                    text = f"{text}\n\n{PATCH_REQUEST}"
+            else:
+                text = render_feedback(feedback, self.max_counterexample_chars, patch=patch)
             out.append({"role": "assistant", "content": _as_text(previous)})
             out.append({"role": "user", "content": text})
         return out
 
     def request(self, prompt: str | Sequence[dict], previous: Any = None,
-                feedback: Iterable[Any] = ()) -> dict:
-        """The keyword arguments given to ``client.chat.completions.create``."""
-        kw: dict = {"model": self.model, "messages": self.messages(prompt, previous, feedback)}
+                feedback: Iterable[Any] = (), *, patch: bool | None = None) -> dict:
+        """The keyword arguments given to ``client.chat.completions.create`` (``patch``: as
+        for :meth:`messages`)."""
+        kw: dict = {"model": self.model,
+                    "messages": self.messages(prompt, previous, feedback, patch=patch)}
         if self.temperature is not None:
             kw["temperature"] = self.temperature
         if self.max_tokens is not None:
@@ -186,16 +226,57 @@ class ChatGenerator:
                  feedback: Iterable[Any] = ()) -> Candidate:
         # Exceptions of the SDK pass through untouched: incr reads their class name and
         # status_code to tell a transient failure (retried) from a real one (raised).
-        response = self.client.chat.completions.create(**self.request(prompt, previous,
-                                                                      feedback))
-        if inspect.isawaitable(response):
-            if inspect.iscoroutine(response):
-                response.close()        # never awaited, and no "never awaited" warning
-            raise TypeError(f"incr.openai_chat: {type(self.client).__qualname__}."
-                            f"chat.completions.create returned an awaitable from a sync "
-                            f"generator; pass an openai.AsyncOpenAI client to chat_generator "
-                            f"to get an async generator, or use an openai.OpenAI client")
-        return self._candidate(response)
+        plan = self._plan(prompt, previous, feedback)
+        kw = next(plan)
+        while True:
+            response = self.client.chat.completions.create(**kw)
+            if inspect.isawaitable(response):
+                if inspect.iscoroutine(response):
+                    response.close()        # never awaited, and no "never awaited" warning
+                raise TypeError(f"incr.openai_chat: {type(self.client).__qualname__}."
+                                f"chat.completions.create returned an awaitable from a sync "
+                                f"generator; pass an openai.AsyncOpenAI client to "
+                                f"chat_generator to get an async generator, or use an "
+                                f"openai.OpenAI client")
+            try:
+                kw = plan.send(response)
+            except StopIteration as done:
+                return done.value
+
+    def _plan(self, prompt: str | Sequence[dict], previous: Any,
+              feedback: Iterable[Any]) -> Generator[dict, Any, Candidate]:
+        """One generator call, as the requests it makes: yields each request's keyword
+        arguments, is sent the response, returns the candidate. The sync and the async
+        ``__call__`` drive it, so both behave the same."""
+        feedback = tuple(feedback)
+        if not self._patches(previous, None):
+            return self._candidate((yield self.request(prompt, previous, feedback)))
+        response = yield self.request(prompt, previous, feedback, patch=True)
+        tokens, cost = self._usage(getattr(response, "usage", None))
+        out = self._patched(previous, response, tokens, cost)
+        if out is not None:
+            return out
+        # no diff, or one that does not apply: ask for the whole answer, as without patch mode
+        full = self._candidate((yield self.request(prompt, previous, feedback, patch=False)))
+        return Candidate(full.value, tokens=full.tokens + tokens, cost=full.cost + cost)
+
+    def _patched(self, previous: str, response: Any, tokens: int,
+                 cost: float) -> Candidate | None:
+        """The candidate a patch-mode reply makes: ``previous`` with the reply's diff applied;
+        ``None`` when the reply has no text, was cut short, holds no diff or one that does
+        not apply strictly."""
+        choice = response.choices[0] if response.choices else None
+        text = None if choice is None else choice.message.content
+        if not text or getattr(choice, "finish_reason", None) == "length":
+            return None
+        try:
+            diff, rationale = split_reply(text)
+            if diff is None or not diff.strip():
+                return None
+            value = apply_patch(previous, diff, complete=True)     # not cut short
+        except PatchError:
+            return None
+        return Candidate(value, tokens=tokens, cost=cost, rationale=rationale, patch=diff)
 
     def _candidate(self, response: Any) -> Candidate:
         if not response.choices:
@@ -236,9 +317,14 @@ class AsyncChatGenerator(ChatGenerator):
 
     async def __call__(self, prompt: str | Sequence[dict], *, previous: Any = None,
                        feedback: Iterable[Any] = ()) -> Candidate:
-        response = await self.client.chat.completions.create(
-            **self.request(prompt, previous, feedback))
-        return self._candidate(response)
+        plan = self._plan(prompt, previous, feedback)
+        kw = next(plan)
+        while True:
+            response = await self.client.chat.completions.create(**kw)
+            try:
+                kw = plan.send(response)
+            except StopIteration as done:
+                return done.value
 
     def __repr__(self):
         return f"<incr.openai_chat async generator {self.model!r} {self.fingerprint}>"
@@ -277,7 +363,7 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
                    max_counterexample_chars: int | None = 4000,
                    timeout: float | None = None, max_retries: int | None = None,
                    client_kwargs: dict | None = None, asynchronous: bool = False,
-                   **create_kwargs: Any) -> ChatGenerator:
+                   patch: bool = False, **create_kwargs: Any) -> ChatGenerator:
     """A generator for an ``@incr.llm`` node, backed by an OpenAI-compatible chat endpoint.
 
     - ``model``: the model name the server knows (``"gpt-4o-mini"``, ``"qwen2.5:7b"``, ...).
@@ -307,6 +393,13 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
     - ``render``: ``feedback -> str``, the user message sent after the previous candidate;
       default :func:`render_feedback` (counterexamples clipped at
       ``max_counterexample_chars``; ``None``: not clipped).
+    - ``patch``: patch mode. A retry whose ``previous`` is a string asks for a minimal edit
+      of it as a unified diff (one fenced block) and applies it strictly
+      (:func:`incr.patches.apply_patch`); the candidate is the patched text (``parse`` is not
+      applied to it: ``previous`` is already a candidate) with ``patch=`` the diff and
+      ``rationale=`` the words outside the block. No diff, a diff that does not apply or a
+      reply cut short: one more call asks for the full answer (``patch=None``; tokens and cost
+      of both calls). The first attempt (``previous=None``) always asks for a full answer.
 
     Raises ``ImportError`` (saying what to install) when ``openai`` is not installed.
     """
@@ -319,6 +412,8 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
         except (TypeError, ValueError):
             raise TypeError("chat_generator: price_per_token must be a number or a pair "
                             f"(prompt, completion), got {price_per_token!r}") from None
+    if not isinstance(patch, bool):
+        raise TypeError(f"chat_generator: patch must be True or False, got {patch!r}")
     for name, fn in (("parse", parse), ("render", render)):
         if fn is not None and not callable(fn):
             raise TypeError(f"chat_generator: {name} must be callable, got {fn!r}")
@@ -358,4 +453,4 @@ def chat_generator(model: str, *, system: str | None = None, base_url: str | Non
     return cls(client, model, system=system, temperature=temperature,
                          max_tokens=max_tokens, price_per_token=price_per_token, parse=parse,
                          render=render, max_counterexample_chars=max_counterexample_chars,
-                         create_kwargs=create_kwargs)
+                         create_kwargs=create_kwargs, patch=patch)
