@@ -60,6 +60,7 @@ from incr.errors import (
     Reject,
     StoreError,
 )
+from incr import events
 from incr.keys import register_type
 from incr.llmnodes import (
     ACK,
@@ -85,6 +86,7 @@ __all__ = [
     "NotAccepted",
     "Reject",
     "effect",
+    "events",
     "llm",
     "validator",
     "EQUAL",

@@ -739,6 +739,9 @@ class _Loop:
         self.rt = current()
         self.book = _book(self.rt)
         inst = self.rt._running()
+        if node not in self.book.audited:
+            self.book.audited.add(node)
+            _audit(self.rt, node)
         st = _node_of(self.rt, inst, create=True)
         self.inst = inst
         self.st = st
@@ -2244,11 +2247,88 @@ def _may_adopt(rt, inst, vh: bytes) -> bool:
     return True
 
 
+# --- protected acceptance: an audit of the validators' identities, per definition ----------
+#
+# Validators are outside the model's reach. Their identity (id and version, or a code
+# fingerprint) is part of every verdict key and of the node's context key, so a verdict made by
+# another version of a validator is never evidence for the current one: it is history. What
+# the store adds here is the audit trail: one record per node definition (by its qualified
+# name) holding the validators' identities it last ran with, and every change seen, with the
+# old and new identity and when.
+
+
+def _audit_key(rt, node) -> bytes:
+    return b"\x00audit:" + _keys.digest("llm", b"audit:" + node.name.encode(), rt.hash)
+
+
+def _audit(rt, node) -> None:
+    """Compare the node's validators with the store's record of them; record and announce
+    every change (events.ValidatorChanged). Nothing to do without a store."""
+    if rt.store_path is None:
+        return
+    key = _audit_key(rt, node)
+    old = _read_audit(rt._store_node(key))
+    now = {v.id: v.version for v in node.validators}
+    if old is not None and old["validators"] == now:
+        return
+    log = [] if old is None else old["log"]
+    if old is not None:
+        for vid in sorted(set(old["validators"]) | set(now)):
+            a, b = old["validators"].get(vid, ""), now.get(vid, "")
+            if a != b:
+                log.append([vid, a, b, time.time()])
+                _emit(_book(rt), events.ValidatorChanged(node.name, vid, a, b))
+    import msgpack
+    from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC
+    body = msgpack.packb({"audit": node.name, "label": f"audit:{node.name}",
+                          "validators": now, "log": log[-200:]}, use_bin_type=True)
+    rt._store_put_node(key, HEADER.pack(MAGIC, FORMAT, KIND_NODE, len(body),
+                                        _keys.checksum(body)) + body)
+
+
+def _read_audit(data: bytes | None) -> dict | None:
+    """An audit record, or None (absent, or damaged: then the audit starts again)."""
+    if data is None:
+        return None
+    try:
+        import msgpack
+        from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC
+        magic, fmt, kind, length, crc = HEADER.unpack_from(data)
+        body = data[HEADER.size:]
+        if (magic, fmt, kind) != (MAGIC, FORMAT, KIND_NODE) or length != len(body) or \
+                _keys.checksum(body) != crc:
+            return None
+        p = msgpack.unpackb(body, raw=False, strict_map_key=True, ext_hook=_no_ext)
+        vals, log = p["validators"], p["log"]
+        if type(vals) is not dict or type(log) is not list or not all(
+                type(k) is str and type(v) is str for k, v in vals.items()):
+            return None
+        return {"name": str(p["audit"]), "validators": vals,
+                "log": [[str(a), str(b), str(c), float(t)] for a, b, c, t in log]}
+    except Exception:
+        return None
+
+
+def audits(store) -> list[dict]:
+    """Every recorded change of a validator's identity (for ``incr inspect``): node, validator,
+    old and new identity, time."""
+    out = []
+    for ikey, data in store.iter_nodes():
+        a = _read_audit(data) if ikey.startswith(b"\x00audit:") else None
+        if a is None:
+            continue
+        out.extend({"node": a["name"], "validator": vid, "old": o, "new": n, "at": t}
+                   for vid, o, n, t in a["log"])
+    return sorted(out, key=lambda r: r["at"])
+
+
 def summaries(store) -> list[dict]:
     """One row per saved LLM node state (for ``incr inspect``): label, status, revision,
     verdicts on the current revision, attempts, failure reason; damaged ones flagged."""
     rows = []
     for ikey, data in store.iter_nodes():
+        if ikey.startswith(b"\x00audit:"):
+            continue                          # the validators' audit trail (audits())
         try:
             st = _unpack_node(data, "?")
             label = msgpack_label(data)
@@ -2263,6 +2343,13 @@ def summaries(store) -> list[dict]:
         rows.append({"key": ikey.hex(), "label": label, "damaged": False,
                      "status": st.status, "revision": st.revision, "verdicts": cur,
                      "attempts": len([a for a in st.attempts if a.revision]),
+                     "history": [{"revision": a.revision, "outcome": a.outcome,
+                                  "candidate": _text(st.values.get(a.revision), 80),
+                                  "rationale": _text(a.rationale, 80),
+                                  "hypothesis": _text(a.hypothesis, 80),
+                                  "patch": None if a.patch is None else _text(a.patch, 80),
+                                  "note": a.note}
+                                 for a in st.attempts if a.revision][-10:],
                      "regressions": len(st.regressions),
                      "reason": st.failed.reason if st.failed is not None else None})
     return sorted(rows, key=lambda r: r["label"] or "")

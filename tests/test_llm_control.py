@@ -571,3 +571,75 @@ def test_a_node_without_validators_is_unvalidated(rt):
     with rt:
         node(0)
     assert rt.state(node, 0).status == "unvalidated"
+
+
+def test_patch_true_applies_a_unified_diff_to_text(rt):
+    from incr.patches import make_patch
+    first = "SELECT id\nFROM orders\nWHERE paid -a\n"
+    fixed = "SELECT id\nFROM orders\nWHERE paid +a\n"
+    s = Script(first, make_patch(first, fixed))
+    node = make(s, validators=[cases("a")], patch=True)
+    with rt:
+        assert node(0) == fixed
+    at = rt.state(node, 0).attempts
+    assert at[1]["patch"].startswith("---") or "@@" in at[1]["patch"]
+    assert incr.events.Accepted is events.Accepted
+
+
+def test_patch_true_refuses_a_patch_for_something_not_text(rt):
+    s = Script(["-a"], "patch", "never")
+    node = make(s, patch=True, validators=[cases("a")], budget=incr.Budget(max_attempts=2))
+    with rt, pytest.raises(incr.NotAccepted):
+        node(0)
+    assert "apply=callable" in rt.state(node, 0).attempts[1]["note"]
+
+
+# --- protected acceptance: validator identity changes are audited -----------------------------
+
+
+def test_a_changed_validator_is_an_audit_event_and_its_verdicts_are_history(tmp_path):
+    from incr.llmnodes import audits
+    path = str(tmp_path / "s")
+
+    def build(version):
+        @incr.validator(version=version)
+        def judge(candidate, x):
+            yield incr.ACK("ok")
+
+        s = Script("answer")
+
+        @incr.llm(validators=[judge], version="n")
+        def node(x, *, previous=None, feedback=()):
+            return s(x, previous=previous, feedback=feedback)
+        return node, s
+
+    node, s = build("1")
+    rt = incr.Runtime(store=path)
+    with rt:
+        node(0)
+    rt.close()
+    node2, s2 = build("2")
+    rt = incr.Runtime(store=path)
+    got = collect(rt)
+    with rt:
+        assert node2(0) == "answer"
+    assert len(s2.calls) == 1           # version 1's ACK is history: the node ran again
+    changed = [e for e in got if isinstance(e, events.ValidatorChanged)]
+    assert [(e.old, e.new) for e in changed] == [("1", "2")]
+    rt.close()
+    from incr.store import Store
+
+    def read():
+        st = Store(path, count_run=False, create=False)
+        try:
+            return audits(st)
+        finally:
+            st.close()
+    rows = read()
+    assert [(r["old"], r["new"]) for r in rows] == [("1", "2")]
+    assert rows[0]["validator"].endswith("judge")
+    rt = incr.Runtime(store=path)        # the same identity again: no new audit entry
+    with rt:
+        node2(0)
+    rt.close()
+    assert len(read()) == 1

@@ -83,7 +83,8 @@ from hypothesis.stateful import (
 import incr
 from incr.errors import _Deferred
 
-REASONS = {"budget", "oscillation", "no_progress", "validator_unstable", "unknown"}
+REASONS = {"budget", "oscillation", "no_progress", "validator_unstable", "unknown",
+           "divergence"}
 STATUSES = {"active", "stable", "invalid", "failed"}
 CASES = ("c0", "c1", "c2")
 CEXES = (0, 1, 2)
@@ -174,6 +175,8 @@ class LLMFaults(RuleBasedStateMachine):
     @initialize(cfg=configs(), x0=st.integers(0, 2))
     def build(self, cfg, x0):
         self.rt = incr.Runtime()
+        self.reverts: dict = {}             # label -> [(revision set aside, revision built on)]
+        self.rt.on_event(self._event)
         self.x = self.rt.input("x", x0)
         self.xval = x0
         self.x_version = 0                  # bumped on every set that changes x
@@ -371,10 +374,16 @@ class LLMFaults(RuleBasedStateMachine):
         if w[1] > self.budget[node]:
             self.problems.append(f"{node}'s generator called {w[1]} times in one budget window "
                                  f"(max_attempts={self.budget[node]})")
-        cur = self.values[node].get(len(self.values[node]))
+        n = len(self.values[node])
+        cur = self.values[node].get(n)
         if previous != cur:
-            self.problems.append(f"{node}'s generator got previous={previous!r}, expected the "
-                                 f"current candidate {cur!r}")
+            # after a regression the loop builds on the best revision, never a reverted one
+            rv = self.reverts.get(self.labels[node], [])
+            gone = {r for r, _to in rv}
+            if not (rv and rv[-1][0] == n and rv[-1][1] not in gone
+                    and previous == self.values[node].get(rv[-1][1])):
+                self.problems.append(f"{node}'s generator got previous={previous!r}, expected "
+                                     f"the current candidate {cur!r} (reverts: {rv})")
         if any(not isinstance(f, incr.NACK) for f in feedback):
             self.problems.append(f"{node}'s feedback holds a non-NACK: {feedback!r}")
         have = {(f.case, f.counterexample, f.message) for f in feedback
@@ -383,6 +392,10 @@ class LLMFaults(RuleBasedStateMachine):
         if missing:
             self.problems.append(f"{node}'s feedback lacks regression cases {sorted(missing)}; "
                                  f"got {feedback!r}")
+
+    def _event(self, e):
+        if isinstance(e, incr.events.Reverted):
+            self.reverts.setdefault(e.label, []).append((e.revision, e.to))
 
     def _produce(self, node, template):
         what = self._pop("gen" + node)
