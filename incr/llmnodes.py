@@ -913,6 +913,8 @@ class _Loop:
         stop = self._decide()
         if stop is None:
             return True
+        if stop != "retry" and self._out_of_time():
+            stop = "budget"       # a validator was cut at Budget(max_seconds): not its fault
         if stop != "retry":
             self._fail(stop)
         self._outcome(st.revision, "rejected")
@@ -1274,6 +1276,10 @@ class _Loop:
             raise _Deferred(st.label)
         return call
 
+    def _out_of_time(self) -> bool:
+        deadline = self._deadline()
+        return deadline is not None and time.monotonic() >= deadline
+
     def _cooldown(self) -> float:
         """Seconds to wait before this node's next model call (Budget(cooldown=)); fails
         the loop ("budget") when the wait would pass its Budget(max_seconds)."""
@@ -1429,6 +1435,8 @@ class _Loop:
         pf = rt.prefetch
         if pf is None or not pf.collecting:
             return
+        if self._deadline() is not None:
+            return       # Budget(max_seconds): validators run in the pass, cut at the deadline
         todo = [v for v in self.node.validators     # (async ones are tasks, never threads)
                 if v.timeout is None and not v.is_async and self._vkey(v) not in st.prefetched]
         if not todo:
@@ -1474,7 +1482,8 @@ class _Loop:
             # await of incr; this run takes its verdicts when it goes on
             raise _Suspend([_aio.Call(self.st, self._vkey(val),
                                       functools.partial(self._acollect, val, cand), self.inst)])
-        if val.timeout is None:
+        limit, why = self._validator_limit(val)
+        if limit is None:
             return self._collect(val, cand)
         box: dict = {}
         rt = self.rt
@@ -1489,19 +1498,32 @@ class _Loop:
         old = rt._lend(0)
         t.start()
         rt._lend(t.ident)
-        t.join(val.timeout)
+        t.join(limit)
         rt._lend(old)
         if t.is_alive():
-            return [UNKNOWN("*", f"timed out after {val.timeout} s")]
+            return [UNKNOWN("*", why)]
         if "exc" in box:
             raise box["exc"]
         return box["out"]
 
+    def _validator_limit(self, val: Validator) -> tuple:
+        """(seconds a validator may run, the UNKNOWN's reason past them): its timeout=, or
+        what is left of Budget(max_seconds) when that is less; (None, "") for no limit."""
+        limit, why = val.timeout, f"timed out after {val.timeout} s"
+        deadline = self._deadline()
+        if deadline is not None:
+            left = max(0.0, deadline - time.monotonic())
+            if limit is None or left < limit:
+                limit, why = left, ("cut at the deadline (Budget(max_seconds="
+                                    f"{self.node.budget.max_seconds:g}))")
+        return limit, why
+
     async def _acollect(self, val: Validator, cand: Any) -> list:
+        limit, why = self._validator_limit(val)
         try:
-            res = await asyncio.wait_for(val.fn(cand, *self.args, **self.kwargs), val.timeout)
+            res = await asyncio.wait_for(val.fn(cand, *self.args, **self.kwargs), limit)
         except asyncio.TimeoutError:
-            return [UNKNOWN("*", f"timed out after {val.timeout} s")]
+            return [UNKNOWN("*", why)]
         except asyncio.CancelledError:
             raise
         except BaseException as e:

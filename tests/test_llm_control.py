@@ -643,3 +643,31 @@ def test_a_changed_validator_is_an_audit_event_and_its_verdicts_are_history(tmp_
         node2(0)
     rt.close()
     assert len(read()) == 1
+
+
+# --- Budget(max_seconds) cuts a validator too ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_max_seconds_cuts_a_validator_still_running_at_the_deadline(rt, kind):
+    import asyncio
+    release = threading.Event()
+    if kind == "sync":
+        @incr.validator(version="1")
+        def slow(candidate, x):
+            release.wait(30)
+            yield incr.ACK("late")
+    else:
+        @incr.validator(version="1")
+        async def slow(candidate, x):
+            await asyncio.sleep(30)
+            return incr.ACK("late")
+    s = Script("answer")
+    node = make(s, validators=[slow], budget=incr.Budget(max_seconds=0.3))
+    try:
+        with rt, pytest.raises(incr.NotAccepted) as ei:
+            node(0)
+    finally:
+        release.set()
+    assert ei.value.reason == "budget" and "cut at the deadline" in ei.value.report
+    assert len(s.calls) == 1
