@@ -49,7 +49,9 @@ def _query(sql: str, rows) -> Any:
 
 class ScriptedModel:
     """A deterministic stand-in for an LLM, for the demo and the tests: it interprets the
-    request correctly, and writes SQL that forgets refunds until told about them."""
+    request correctly, and writes SQL that forgets refunds until told about them; its first
+    fix drops the paid filter (a regression, which incr reverts), and its second is a minimal
+    patch of the best revision."""
 
     name = "scripted stand-in (not an LLM)"
 
@@ -61,10 +63,22 @@ class ScriptedModel:
         return {"measure": "count", "entity": "orders",
                 "filters": ["status = paid", "not refunded"]}
 
-    def write_sql(self, spec: dict, feedback: tuple) -> str:
+    def write_sql(self, spec: dict, feedback: tuple, previous: str | None = None):
         self.calls += 1
-        if any("refund" in f.case for f in feedback):
-            return "SELECT COUNT(*) FROM orders WHERE status = 'paid' AND refunded = 0"
+        cases = {f.case for f in feedback}
+        if "counts_paid" in cases and previous is not None:
+            # told that the paid filter matters too: a minimal edit of the best revision
+            from incr.patches import make_patch
+            new = previous + " AND refunded = 0"
+            return incr.Candidate(new, patch=make_patch(previous + "\n", new + "\n"),
+                                  rationale="keep the paid filter, add the refund filter",
+                                  hypothesis="refunded orders are counted",
+                                  expect=("excludes_refunds",))
+        if "excludes_refunds" in cases:
+            return incr.Candidate("SELECT COUNT(*) FROM orders WHERE refunded = 0",
+                                  rationale="refunded orders must not count",
+                                  hypothesis="the refund filter is missing",
+                                  expect=("excludes_refunds",))
         return "SELECT COUNT(*) FROM orders WHERE status = 'paid'"
 
 
@@ -154,6 +168,8 @@ def build(rt: incr.Runtime, model) -> dict:
     def write_sql(key, *, previous=None, feedback=()):
         spec = interpret(key)
         log.append(("B", "generate", len(feedback)))
+        if isinstance(model, ScriptedModel):
+            return model.write_sql(spec, feedback, previous)
         return model.write_sql(spec, feedback)
 
     @incr.cell(version="1")
@@ -241,6 +257,10 @@ def run(store: str | None = ".incr", *, model_spec: str | None = None,
                                       for k, v in nacks]
                 steps[-1]["sql"] = st.candidate
                 steps[-1]["sql_revision"] = st.revision
+                steps[-1]["attempts"] = [
+                    {"revision": a["revision"], "outcome": a["outcome"], "note": a["note"],
+                     "rationale": a["rationale"], "patch": a["patch"]}
+                    for a in st.attempts if a["revision"]]
                 calls0, tokens_before = model.calls, tokens()
                 g["orders"].set(MORE_DATA)
                 report = rt.stabilize()
@@ -282,6 +302,16 @@ def run(store: str | None = ".incr", *, model_spec: str | None = None,
         if b > 1 and a <= 1:
             w(f"    only B was reopened by the NACK: B generated {b} times, A {a} time"
               f"{'s' if a != 1 else ''}\n")
+        for a in s.get("attempts", ()):
+            if a["outcome"] == "reverted":
+                w(f"    B revision {a['revision']} lost a case an earlier revision passed (a "
+                  f"regression): reverted, {a['note'].split('; ')[-1]}\n")
+            if a["patch"]:
+                added = [ln[1:] for ln in str(a["patch"]).splitlines()
+                         if ln.startswith("+") and not ln.startswith("+++")]
+                w(f"    B revision {a['revision']} is a minimal patch"
+                  + (f" ({a['rationale']})" if a["rationale"] else "") + ": "
+                  + " / ".join(added) + "\n")
         if "sql" in s:
             w(f"    accepted SQL (B revision {s['sql_revision']}): {s['sql']}\n")
         w(f"    validator runs: {s['validator_runs']}; query ran: "

@@ -91,15 +91,21 @@ def test_sql_demo_story(tmp_path):
     first = _demo_json("--store", store)
     start, data = first["steps"]
     assert first["model"].startswith("scripted stand-in")
-    assert start["generated"] == ["A", "B", "B (fed back: 1 NACK)"] and start["model_calls"] == 3
-    (nack,) = start["nacks"]
+    assert start["generated"] == ["A", "B", "B (fed back: 1 NACK)",
+                                  "B (fed back: 2 NACKs)"] and start["model_calls"] == 4
+    nack, regression = start["nacks"]
     assert nack["revision"] == 1 and nack["case"] == "excludes_refunds"
     assert nack["counterexample"]["expected"] == 1 and nack["counterexample"]["got"] == 2
-    assert "refunded = 0" in start["sql"] and start["sql_revision"] == 2
+    # B's first fix drops the paid filter: a regression, reverted; the next is a patch of r1
+    assert regression["revision"] == 2 and regression["case"] == "counts_paid"
+    assert [a["outcome"] for a in start["attempts"]] == ["rejected", "reverted", "accepted"]
+    assert start["attempts"][2]["patch"] and "+SELECT" in start["attempts"][2]["patch"]
+    assert start["sql"] == ("SELECT COUNT(*) FROM orders WHERE status = 'paid' AND "
+                            "refunded = 0") and start["sql_revision"] == 3
     assert start["answer"] == 2
     # one word for one thing: the per-step validator runs add up to the runtime's counter
-    # (A's spec checked once, B's two candidates checked once each)
-    assert start["validator_runs"] == 3 == first["stats"]["validations"]
+    # (A's spec checked once, B's three candidates checked once each)
+    assert start["validator_runs"] == 4 == first["stats"]["validations"]
     assert data["model_calls"] == 0 and data["validator_runs"] == 0 and data["query_ran"]
     assert data["answer"] == 3
     second = _demo_json("--store", store)
@@ -118,6 +124,7 @@ def test_sql_demo_text(tmp_path):
     text = buf.getvalue()
     assert "scripted stand-in (not an LLM)" in text
     assert "only B was reopened by the NACK" in text and "answer = 3" in text
+    assert "(a regression): reverted" in text and "is a minimal patch" in text
     store = str(tmp_path / "s")
     demo_sql.run(store, out=StringIO())
     buf = StringIO()
