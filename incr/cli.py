@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import time
 import sys
 
 import incr
@@ -152,18 +153,19 @@ def inspect_cmd(path: str, as_json: bool, out) -> int:
     from incr.store import instances
 
     from incr.graph import mark_superseded
-    from incr.llmnodes import summaries
+    from incr.llmnodes import audits, summaries
 
     store = _open_store(path)
     try:
         rows = mark_superseded(instances(store))
         nodes = summaries(store)
+        audit = audits(store)
         runs = store.run
     finally:
         store.close()
     if as_json:
-        json.dump({"store": path, "runs": runs, "instances": rows, "llm_nodes": nodes}, out,
-                  indent=2)
+        json.dump({"store": path, "runs": runs, "instances": rows, "llm_nodes": nodes,
+                   "validator_changes": audit}, out, indent=2, default=repr)
         out.write("\n")
         return 0
     w = out.write
@@ -196,6 +198,18 @@ def inspect_cmd(path: str, as_json: bool, out) -> int:
             w(f"  {n['label']:<{width - 2}}  {n['status']}{why}, revision {n['revision']}, "
               f"ACK {v['ACK']} NACK {v['NACK']} UNKNOWN {v['UNKNOWN']}, "
               f"{n['attempts']} attempts, {n['regressions']} regression cases\n")
+            for a in n.get("history", ()):
+                extra = "".join(f"; {k} {a[k]}" for k in ("rationale", "hypothesis")
+                                if a.get(k))
+                w(f"      revision {a['revision']}: {a['outcome'] or 'open'}{extra}"
+                  + ("; patch" if a.get("patch") else "")
+                  + (f"; {a['note']}" if a.get("note") else "") + "\n")
+    if audit:
+        w("\nValidator changes (their earlier verdicts are history, not evidence):\n")
+        for r in audit:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["at"]))
+            w(f"  {when}  {r['node']}: {r['validator']} {r['old'] or '(none)'} -> "
+              f"{r['new'] or '(removed)'}\n")
     return 0
 
 

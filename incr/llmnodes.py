@@ -345,6 +345,7 @@ class _Node:
     spot_due: bool = False          # recheck_every: re-validate at the next run
     warned: set = attrs.Factory(set)  # monitors that warned in this budget
     near: int = 0                   # the revision the new candidate equals after normalize
+    unvalidated: bool = False       # as saved: nothing validated the candidate (incr inspect)
 
 
 class _Bookkeeping:
@@ -701,6 +702,7 @@ class LLMNode(Cell):
         self._incr_ident = f"{self.name}@llm:{base}|{_keys.digest('validator', vals.encode()).hex()[2:18]}"
         self._incr_exact = exact
         self.validator_key = vals
+        self._audit_ident = f"{self.name}@llm:{base}"   # the definition, validators aside
 
     def __repr__(self):
         return f"<incr.llm {self.name}>"
@@ -2142,6 +2144,9 @@ def _save(rt, inst, st: _Node, reads) -> None:
                       float(a.seconds), a.note, a.rationale, a.hypothesis, _enc(a.patch),
                       list(a.expect), a.outcome] for a in st.attempts[-100:]],
         "regression_src": list(st.regression_src),
+        "unvalidated": not inst.cell.validators and inst.cell.recheck is None and not any(
+            k[3] == st.revision and any(v.kind == "ACK" for v in vs)
+            for k, (vs, _d) in st.ledger.items()),
         "control": [st.base, st.below, st.withdrawals, st.damped, st.escalated],
         "fingerprints": [[k, r] for k, r in st.fingerprints.items()],
         "withdrawn": sorted(st.withdrawn),
@@ -2218,6 +2223,7 @@ def _unpack_node(data: bytes, label: str) -> _Node:
     src = p.get("regression_src")
     st.regression_src = ([str(x) for x in src] if type(src) is list
                          and len(src) == len(st.regressions) else [""] * len(st.regressions))
+    st.unvalidated = p.get("unvalidated") is True
     ctl = p.get("control")
     if ctl is not None:
         st.base, st.below, st.withdrawals = int(ctl[0]), int(ctl[1]), int(ctl[2])
@@ -2280,7 +2286,7 @@ def _may_adopt(rt, inst, vh: bytes) -> bool:
 
 
 def _audit_key(rt, node) -> bytes:
-    return b"\x00audit:" + _keys.digest("llm", b"audit:" + node.name.encode(), rt.hash)
+    return b"\x00audit:" + _keys.digest("llm", b"audit:" + node._audit_ident.encode(), rt.hash)
 
 
 def _audit(rt, node) -> None:
@@ -2363,7 +2369,8 @@ def summaries(store) -> list[dict]:
                 for v in vs:
                     cur[v.kind] += 1
         rows.append({"key": ikey.hex(), "label": label, "damaged": False,
-                     "status": st.status, "revision": st.revision, "verdicts": cur,
+                     "status": ("unvalidated" if st.status == "stable" and st.unvalidated
+                                else st.status), "revision": st.revision, "verdicts": cur,
                      "attempts": len([a for a in st.attempts if a.revision]),
                      "history": [{"revision": a.revision, "outcome": a.outcome,
                                   "candidate": _text(st.values.get(a.revision), 80),

@@ -671,3 +671,21 @@ def test_max_seconds_cuts_a_validator_still_running_at_the_deadline(rt, kind):
         release.set()
     assert ei.value.reason == "budget" and "cut at the deadline" in ei.value.report
     assert len(s.calls) == 1
+
+
+def test_incr_inspect_shows_attempts_unvalidated_and_validator_changes(tmp_path, capsys):
+    from incr import cli
+    path = str(tmp_path / "s")
+    s = Script(incr.Candidate("v1 -a", rationale="first"), incr.Candidate("v2 +a", hypothesis="h2"))
+    node = make(s, validators=[cases("a")], version="i")
+    plain = make(Script("free text"), version="p")
+    rt = incr.Runtime(store=path)
+    with rt:
+        node(0), plain(0)
+    rt.close()
+    assert cli.main(["inspect", path]) == 0
+    out = capsys.readouterr().out
+    assert "revision 1: rejected; rationale first" in out
+    assert "revision 2: accepted; hypothesis h2" in out
+    assert out.count("node(0)  unvalidated") == 1 and out.count("node(0)  stable") == 1
+    assert "Validator changes" not in out      # two definitions, each with its own audit
