@@ -1082,6 +1082,9 @@ cdef class Runtime:
         cdef Observer o
         cdef bint done = False
         t0 = time.perf_counter()
+        if self.llm is not None and self.llm.listeners:
+            from incr import llmnodes as _llm
+            _llm.pass_started(self)
         for n in dict.fromkeys(self.dirty_observed):  # once each, in the order queued
             if n.observed_by is not None:
                 todo.append(n)
@@ -1212,6 +1215,9 @@ cdef class Runtime:
         cb_errors = _notify(due, self)
         report = Stabilization(log, self.n_reused - reused0, time.perf_counter() - t0,
                                self.revision)
+        if self.llm is not None and self.llm.listeners:
+            from incr import llmnodes as _llm
+            _llm.pass_finished(self, report, errors)
         if errors:
             n, e = errors[0]
             _add_note(e, f"incr: raised while stabilizing the observed instance {n.label()}")

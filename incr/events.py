@@ -17,6 +17,10 @@ instance it is about (``label``, the same text as ``rt.explain`` and ``incr insp
   patience): the loop has not stopped yet.
 - :class:`Stopped` -- the loop ended without acceptance (``reason`` as ``NotAccepted.reason``;
   ``"halted"`` when ``rt.halt`` stopped it).
+- :class:`ValidationFinished` -- one validator judged one candidate revision (seconds, the
+  kinds of the verdicts it gave).
+- :class:`PassStarted` / :class:`PassFinished` -- one pass of ``rt.stabilize()`` (label
+  ``"stabilize"``): the revision, what was recomputed, the seconds, the error if any.
 - :class:`ValidatorChanged` -- an audit record: a validator of the node has another identity
   (code or version) than the one its stored verdicts were made by; those are history now.
 
@@ -32,7 +36,8 @@ from typing import Any
 import attrs
 
 __all__ = ["Event", "GenerationStarted", "GenerationFinished", "Verdict", "Accepted",
-           "Withdrawn", "Regression", "Reverted", "Warning", "Stopped", "ValidatorChanged"]
+           "Withdrawn", "Regression", "Reverted", "Warning", "Stopped", "ValidatorChanged",
+           "ValidationFinished", "PassStarted", "PassFinished"]
 
 
 @attrs.frozen
@@ -103,3 +108,24 @@ class ValidatorChanged(Event):
     validator: str
     old: str                      # the version its earlier verdicts were made by
     new: str
+
+
+@attrs.frozen
+class ValidationFinished(Event):
+    validator: str
+    revision: int
+    seconds: float
+    verdicts: tuple               # the kinds, in order: ("ACK", "NACK", ...)
+
+
+@attrs.frozen
+class PassStarted(Event):
+    revision: int
+
+
+@attrs.frozen
+class PassFinished(Event):
+    revision: int
+    recomputed: tuple             # labels, in order
+    seconds: float
+    error: str = ""               # the first error's type and text, if the pass raised

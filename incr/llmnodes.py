@@ -466,6 +466,20 @@ class _GraphBudget(Exception):
     """Internal: the runtime-wide budget (Runtime(budget=)) is used up."""
 
 
+def pass_started(rt) -> None:
+    """A stabilize pass begins (events.PassStarted; the core calls it when someone listens)."""
+    _emit(rt.llm, events.PassStarted("stabilize", rt.revision))
+
+
+def pass_finished(rt, report, errors) -> None:
+    err = ""
+    if errors:
+        e = errors[0][1]
+        err = f"{type(e).__name__}: {e}"
+    _emit(rt.llm, events.PassFinished("stabilize", rt.revision, tuple(report.recomputed),
+                                      report.seconds, err))
+
+
 def spot_checks(rt) -> None:
     """Before a stabilization: withdraw every stable node with recheck_every= whose spot
     check is due, so that the pass re-runs its validators on its accepted candidate."""
@@ -1522,24 +1536,38 @@ class _Loop:
 
     async def _acollect(self, val: Validator, cand: Any) -> list:
         limit, why = self._validator_limit(val)
+        t0 = time.monotonic()
         try:
             res = await asyncio.wait_for(val.fn(cand, *self.args, **self.kwargs), limit)
         except asyncio.TimeoutError:
-            return [UNKNOWN("*", why)]
+            out = [UNKNOWN("*", why)]
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            return self._verdicts(val, None, e)
-        return self._verdicts(val, res, None)
+            out = self._verdicts(val, None, e)
+        else:
+            out = self._verdicts(val, res, None)
+        if self.book.listeners:
+            _emit(self.book, events.ValidationFinished(
+                self.st.label, val.id, self.st.revision, time.monotonic() - t0,
+                tuple(v.kind for v in out)))
+        return out
 
     def _collect(self, val: Validator, cand: Any) -> list:
+        t0 = time.monotonic()
         try:
             res = val.fn(cand, *self.args, **self.kwargs)
             if val.is_async and inspect.iscoroutine(res):
                 res = _aio.drive_call(self.rt, res)   # sync code: this thread's loop
         except BaseException as e:
-            return self._verdicts(val, None, e)
-        return self._verdicts(val, res, None)
+            out = self._verdicts(val, None, e)
+        else:
+            out = self._verdicts(val, res, None)
+        if self.book.listeners:
+            _emit(self.book, events.ValidationFinished(
+                self.st.label, val.id, self.st.revision, time.monotonic() - t0,
+                tuple(v.kind for v in out)))
+        return out
 
     def _verdicts(self, val: Validator, res: Any, exc: BaseException | None) -> list:
         out = []

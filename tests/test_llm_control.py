@@ -410,9 +410,11 @@ def test_events_tell_the_story_of_a_loop(rt):
     with rt:
         node(0)
     kinds = [type(e).__name__ for e in got]
-    assert kinds == ["GenerationStarted", "GenerationFinished", "Verdict",
-                     "GenerationStarted", "GenerationFinished", "Verdict", "Accepted"]
-    assert got[2].verdict.kind == "NACK" and got[5].verdict.kind == "ACK"
+    assert kinds == ["GenerationStarted", "GenerationFinished", "ValidationFinished", "Verdict",
+                     "GenerationStarted", "GenerationFinished", "ValidationFinished", "Verdict",
+                     "Accepted"]
+    assert got[3].verdict.kind == "NACK" and got[7].verdict.kind == "ACK"
+    assert got[2].verdicts == ("NACK",) and got[6].verdicts == ("ACK",)
     assert got[-1].revision == 2 and all(e.label == "node(0)" for e in got)
     rt.nack(node, 0, revision=2, case="late", counterexample=1)
     assert isinstance(got[-1], events.Withdrawn) and got[-1].revision == 2
