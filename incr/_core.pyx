@@ -890,7 +890,7 @@ cdef class Runtime:
     """
 
     def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None,
-                 executor=None, max_concurrency=None, durability="group"):
+                 executor=None, max_concurrency=None, durability="group", remote=None):
         if durability not in ("group", "sync"):
             raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
                              f"{durability!r:.80}")
@@ -946,7 +946,8 @@ cdef class Runtime:
                             f"incr.adapters.dask and incr.adapters.ray), got {executor!r}")
         self.executor = executor
         if store is not None:
-            self.store = Store(store, max_bytes=max_bytes, durability=durability)
+            self.store = Store(store, max_bytes=max_bytes, durability=durability,
+                               remote=remote)
 
     # -- the public surface ---------------------------------------------------------------
 
