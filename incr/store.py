@@ -219,6 +219,58 @@ def _check_remote(kind: bytes, key: bytes, data: bytes, run: int) -> bytes:
     return pack_record(rec)
 
 
+INDEX_ROOT = bytes(16)            # the root node id of an instance's index
+PREFETCH_MAX = 20_000             # instances whose bundles one remote miss may bring
+BUNDLE_ENTRY_MAX = 64 << 10       # entries larger than this are not bundled (read alone)
+
+
+def _item_blobs(it: bytes) -> list[bytes]:
+    blobs, at = [], 1
+    while at < len(it):
+        n = int.from_bytes(it[at:at + 4], "big")
+        blobs.append(it[at + 4:at + 4 + n])
+        at += 4 + n
+    return blobs
+
+
+def _bundles(push: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The remote tier's bundles of a commit: per instance key, its index nodes and entries
+    (not larger than BUNDLE_ENTRY_MAX) among ``push`` ((b"x"|b"e") + key, value), as one
+    record ``b"b"`` + instance key: kind (1 byte) | key blob | value blob, repeated."""
+    by: dict[bytes, list[bytes]] = {}
+    for k, v in push:
+        kind, key = k[:1], k[1:]
+        if kind not in (b"x", b"e") or (kind == b"e" and len(v) > BUNDLE_ENTRY_MAX):
+            continue
+        ik = key[:_ikey_len(key)]
+        by.setdefault(ik, []).append(kind + len(key).to_bytes(4, "big") + key
+                                     + len(v).to_bytes(4, "big") + v)
+    return [(b"b" + ik, b"".join(parts)) for ik, parts in by.items()]
+
+
+def _bundle_items(data: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """(kind, key, value) of each record of a bundle; ValueError if it is malformed."""
+    out, at, n = [], 0, len(data)
+    if not n:
+        raise ValueError("an empty bundle")
+    while at < n:
+        if at + 5 > n:
+            raise ValueError("a bundle's record is cut short")
+        kind = data[at:at + 1]
+        kl = int.from_bytes(data[at + 1:at + 5], "big")
+        key = data[at + 5:at + 5 + kl]
+        at += 5 + kl
+        if len(key) != kl or at + 4 > n:
+            raise ValueError("a bundle's key overruns it")
+        vl = int.from_bytes(data[at:at + 4], "big")
+        v = data[at + 4:at + 4 + vl]
+        at += 4 + vl
+        if len(v) != vl:
+            raise ValueError("a bundle's value overruns it")
+        out.append((kind, key, v))
+    return out
+
+
 def _forget_inherited(env: Any) -> None:
     """In a fork()ed child: release the parent's environment handle without touching the
     parent. mdb_env_close in the child unmaps the child's copy and closes the child's
@@ -451,6 +503,7 @@ class Store:
         self.fill: dict[bytes, bytes] = {}
         self.fill_index: dict[bytes, bytes] = {}
         self.fill_nodes: dict[bytes, bytes] = {}
+        self._bundled: set[bytes] = set()  # instances whose remote bundle was asked for
         self._recent: dict[bytes, int] = {}
         self._wseq = 0
         self.evicted = 0                  # entries max_bytes evicted while open
@@ -638,6 +691,7 @@ class Store:
         self.pending, self.pending_nodes, self.pending_index = {}, {}, {}
         self.hit_tags, self.damaged, self._pending_bytes, self.seq = bytearray(), set(), 0, 0
         self.fill, self.fill_index, self.fill_nodes = {}, {}, {}
+        self._bundled = set()
         if self.remote is not None:
             self.remote.after_fork()
         self._iops = None
@@ -923,7 +977,7 @@ class Store:
             if iset(key):
                 got[0] = None
                 return True
-            got[0] = v = fetch(b"x", key)
+            got[0] = v = fetch(b"x", key, iset)
             return v is not None
 
         def index_value() -> bytes:
@@ -943,14 +997,20 @@ class Store:
 
         return index_set, index_value, entry_set, entry_value
 
-    def _fetch(self, kind: bytes, key: bytes) -> bytes | None:
+    def _fetch(self, kind: bytes, key: bytes, local: Any = None) -> bytes | None:
         """The record of kind ``kind`` (b"e" entry, b"x" index node, b"n" LLM node state)
         at ``key`` from the remote tier, checked (a damaged one is a miss and a warning),
-        kept to be written locally at the next commit; None if the remote has none."""
+        kept to be written locally at the next commit; None if the remote has none. The
+        root index node of an instance comes with the instance's bundle, and the bundles of
+        the cells its traces read (see _prefetch); ``local(key)``: whether the local index
+        has a node."""
         fill = self.fill if kind == b"e" else self.fill_index if kind == b"x" else self.fill_nodes
         v = fill.get(key)
         if v is not None:
             return v
+        if kind == b"x" and key[-16:] == INDEX_ROOT and len(key) > 16:
+            got = self._prefetch(key[:-16], key, local)
+            return got if got is not None else fill.get(key)
         got = self.remote.get([kind + key])[0]
         if got is None:
             return None
@@ -1249,6 +1309,7 @@ class Store:
                 self.seq = seq
                 if self.remote is not None:
                     push.extend((b"e" + k, v) for k, v in pending.items())
+                    push.extend(_bundles(push))
                     push.extend((b"n" + k, v) for k, v in nodes.items())
                     self.remote.push(push)
                 if self._buffered():   # buffered by another thread meanwhile: in its interval
@@ -1272,6 +1333,73 @@ class Store:
                 raise _explain(self.path, e, "writing", need) from None
         raise _explain(self.path, lmdb.MapFullError("MDB_MAP_FULL after 8 doublings of the map"),
                        "writing")
+
+    def _prefetch(self, ik: bytes, root: bytes, local: Any) -> bytes | None:
+        """A lookup missed the root index node of instance ``ik`` locally: ask the remote
+        for it and for the instance's *bundle* (the index nodes and entries of its latest
+        traces, as one record) in one round trip, then, a level per round trip, for the
+        bundles of the cells those traces read that the local index lacks (PREFETCH_MAX
+        instances at most). Every record in a bundle is checked as if read alone and kept in
+        the fill buffers; a warm start through the remote then costs about one round trip
+        per level of the graph, not one per index node. Returns the root node read directly
+        (None if none: the bundle's may be in fill_index)."""
+        bundled = self._bundled
+        if len(bundled) > 1 << 20:
+            bundled.clear()
+        level, direct, taken = [ik], None, 0
+        while level:
+            keys = [b"b" + k for k in level]
+            if direct is None and taken == 0:
+                keys.append(b"x" + root)
+            vals = self.remote.get(keys)
+            if taken == 0:
+                direct = vals.pop()
+            bundled.update(level)
+            taken += len(level)
+            nxt: dict[bytes, None] = {}
+            for k, v in zip(level, vals):
+                if v is None:
+                    continue
+                for dk in self._unbundle(k, v):
+                    if dk in bundled or dk in nxt or dk + INDEX_ROOT in self.fill_index:
+                        continue
+                    if local is not None and local(dk + INDEX_ROOT):
+                        continue
+                    nxt[dk] = None
+            level = list(nxt)[:max(0, PREFETCH_MAX - taken)]
+        if direct is not None:
+            try:
+                direct = _check_remote(b"x", root, direct, self.run)
+            except ValueError as e:
+                self.remote.damaged(b"x" + root, str(e))
+                return None
+            with self._buf_lock:
+                self.fill_index[root] = direct
+        return direct
+
+    def _unbundle(self, ik: bytes, data: bytes) -> list[bytes]:
+        """Check the bundle of instance ``ik`` and keep its records in the fill buffers;
+        returns the instance keys of the cells its index nodes name. A damaged bundle (or a
+        record in it) is a miss and a warning: nothing of it is kept."""
+        try:
+            items = _bundle_items(data)
+            out, deps = [], []
+            for kind, key, v in items:
+                if key[:len(ik)] != ik or kind not in (b"x", b"e"):
+                    raise ValueError("it holds a record of another instance")
+                out.append((kind, key, _check_remote(kind, key, v, self.run)))
+                if kind == b"x":
+                    for it in _index_items(v) or ():
+                        if it[:1] == b"c":
+                            blobs = _item_blobs(it)
+                            deps.append(blobs[2])
+        except ValueError as e:
+            self.remote.damaged(b"b" + ik, str(e))
+            return []
+        with self._buf_lock:
+            for kind, key, v in out:
+                (self.fill if kind == b"e" else self.fill_index).setdefault(key, v)
+        return deps
 
     # -- max_bytes, at every commit (LRU) ------------------------------------------------------
 

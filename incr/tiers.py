@@ -183,6 +183,7 @@ class Remote:
         if not n or self.closed or time.monotonic() < self._read_down:
             return [None] * n
         self.stats["gets"] += n
+        self.stats["round_trips"] += 1
         try:
             vals = self.tier.get_many(keys)
             if len(vals) != n:
