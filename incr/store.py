@@ -713,6 +713,7 @@ class Store:
                 if os.getpid() != self.pid:
                     self.pending.clear()      # the parent writes what it buffered
                     self.pending_nodes.clear()
+                    self.fill, self.fill_index, self.fill_nodes = {}, {}, {}
                     self.hit_tags = bytearray()
                     self.seq = 0
                     self.damaged.clear()
@@ -1166,7 +1167,7 @@ class Store:
 
     def _buffered(self) -> bool:
         return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes
-                    or self.pending_index)
+                    or self.pending_index or self.fill or self.fill_index or self.fill_nodes)
 
     def commit_due(self) -> None:
         """The end of a top-level demand or stabilization. "sync": commit now. "group": end
@@ -1572,9 +1573,12 @@ def _commit_buffered(wait: float) -> None:
     results are computed again next time)."""
     for s in list(_live):
         try:
-            if s.closed or s.env is None or s.pid != os.getpid() or not s._buffered():
+            if s.closed or s.env is None or s.pid != os.getpid():
                 continue
-            s.commit(wait=wait)
+            if s._buffered():
+                s.commit(wait=wait)
+            if s.remote is not None:
+                s.remote.flush(wait)          # (the writer is a daemon thread)
         except Exception as e:
             warnings.warn(f"incr store {s.path}: results computed since the last commit were "
                           f"not saved at exit ({e})", RuntimeWarning, stacklevel=1)

@@ -82,6 +82,7 @@ MACHINE = r'''
 import json, sys
 import incr
 path, url, x0, n = sys.argv[1], sys.argv[2] or None, int(sys.argv[3]), int(sys.argv[4])
+close = sys.argv[5] == "close"
 rt = incr.Runtime(store=path, remote=url)
 x = rt.input("x", x0)
 ran = []
@@ -99,17 +100,19 @@ def total():
 with rt:
     value = total()
 s = rt.stats()
-rt.close()
+if close:
+    rt.close()      # (otherwise: at exit, the buffered commit and the remote's queue)
 print(json.dumps({"value": value, "ran": ran, "hits": s["store_hits"]}))
 '''
 
 
-def _machine(tmp_path, store, url, x=3, n=50):
+def _machine(tmp_path, store, url, x=3, n=50, close=True):
     prog = tmp_path / "machine.py"
     prog.write_text(MACHINE)
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-W", "error::incr.tiers.RemoteTierWarning",
-                          str(prog), str(tmp_path / store), url or "", str(x), str(n)],
+                          str(prog), str(tmp_path / store), url or "", str(x), str(n),
+                          "close" if close else "exit"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
@@ -159,6 +162,12 @@ rt.close()
 print(json.dumps({"value": value, "calls": calls, "status": st.status,
                   "revision": st.revision, "checks": len(st.checks)}))
 '''
+
+
+def test_a_machine_that_exits_without_close_still_pushes(tmp_path, server):
+    a = _machine(tmp_path, "a", server.url, n=30, close=False)
+    assert len(a["ran"]) == 31
+    assert _machine(tmp_path, "b", server.url, n=30)["ran"] == []
 
 
 def test_an_accepted_llm_candidate_is_shared_only_in_the_same_context(tmp_path, server):
