@@ -283,6 +283,19 @@ def test_a_warm_start_takes_a_round_trip_per_level(tmp_path, server):
     assert stats["round_trips"] == 2 and stats["found"] >= 61, stats
 
 
+def test_blake2b_stores_share_through_the_remote_and_never_mix_with_xxh3(tmp_path, server):
+    ran = []
+    leaf = _cells(ran)
+    for store, hash_ in (("a", "blake2b"), ("b", "blake2b"), ("c", "xxh3_128")):
+        rt = incr.Runtime(store=tmp_path / store, remote=server.url, hash=hash_)
+        with rt:
+            assert [leaf(i) for i in range(5)] == [bytes([i]) * 64 for i in range(5)]
+        rt.close()
+    # a computed, b took a's results, c (another algorithm: other keys) computed again
+    assert ran == list(range(5)) * 2
+    assert {k[8:9] for k in server.keys(b"e")} == {b"b", b"x"}
+
+
 def test_a_remote_down_from_the_start(tmp_path):
     ran = []
     leaf = _cells(ran)
