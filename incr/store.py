@@ -4,7 +4,8 @@ Layout of a store directory (a directory incr creates is 0700; the files are 060
 ``data.mdb`` and ``lock.mdb``, and ``incr.lock``, which every open Store holds a shared flock on
 and ``compact`` an exclusive one):
 
-- ``meta``    format version, creation time, run counter;
+- ``meta``    format version, creation time, run counter, ``entry_bytes`` (the bytes of the
+  entries' records: ``max_bytes`` is checked against it at every commit, see ``_bound``);
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
   record (below). Several traces of one instance coexist (change-and-revert finds the old one);
 - ``log``     usage, as written: one entry per commit that wrote or took entries, key = run
@@ -56,6 +57,13 @@ never yields a value. Nothing here pickles, marshals or evaluates what it reads.
 Writes are buffered by the runtime and committed in one write transaction per top-level demand
 or stabilization (``commit``); the first writer of an entry wins (``overwrite=False``), so
 processes that compute the same entry end with the same stored value.
+
+With ``remote=`` (incr.tiers), a lookup that misses locally asks the remote tier for the index
+node, entry or LLM node state under the same key (``_read_through``, ``_fetch``; an
+instance's root comes with its *bundle*, ``_prefetch``), checks it (``_check_remote``: as a
+local record, and an entry by its content address), and writes it locally at the next commit;
+each commit pushes what it wrote (and a bundle per instance) to the remote's write-behind
+queue. Nothing read from a remote is trusted before those checks.
 
 Invariants: every committed record decodes; a reader never sees half a commit (LMDB's MVCC);
 no thread uses a handle that another thread closed (see ``Store``); a forked child uses only
