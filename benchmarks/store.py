@@ -146,6 +146,178 @@ print(json.dumps(out))
 '''
 
 
+REMOTE_PROGRAM = r'''
+import json, os, random, shutil, sys, tempfile, time
+import incr
+url, n, rounds, work, server_pid = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                    int(sys.argv[4]), int(sys.argv[5]))
+try:
+    import joblib
+except ImportError:
+    joblib = None
+
+
+def body(i):
+    s = 0
+    for j in range(work):
+        s += (i * j) % 7
+    return s
+
+
+@incr.cell(version="1")
+def leaf(i):
+    return body(i)
+
+
+@incr.cell(version="1")
+def root():
+    return sum(leaf(i) for i in range(n))
+
+
+def server_cpu():
+    # the Redis server's CPU seconds (utime + stime), so that the remote case is charged for
+    # the work done on its behalf
+    with open(f"/proc/{server_pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+base = tempfile.mkdtemp()
+rt = incr.Runtime(store=os.path.join(base, "a"), remote=url)      # machine a
+with rt:
+    expect = root()
+rt.close()
+jdir = os.path.join(base, "joblib")                                # its joblib directory
+if joblib is not None:
+    f = joblib.Memory(jdir, verbose=0).cache(body)
+    for i in range(n):
+        f(i)
+
+
+def incr_run(remote):
+    d = tempfile.mkdtemp(dir=base)
+    rt = incr.Runtime(store=os.path.join(d, "s"), remote=remote)   # machine b: empty store
+    with rt:
+        v = root()
+    computed = rt.stats()["computed"]
+    rt.close()
+    shutil.rmtree(d)
+    assert v == expect
+    return computed
+
+
+def joblib_run():
+    g = joblib.Memory(jdir, verbose=0).cache(body)                 # machine b, shared dir
+    assert sum(g(i) for i in range(n)) == expect
+    return 0
+
+
+cases = {"redis": lambda: incr_run(url), "recompute": lambda: incr_run(None)}
+if joblib is not None:
+    cases["joblib"] = joblib_run
+names = list(cases)
+out = {k: {"cpu": [], "wall": [], "server_cpu": []} for k in names}
+computed = {}
+for r in range(rounds + 1):                      # round 0 warms up, not kept
+    order = names[r % len(names):] + names[:r % len(names)]
+    for k in order:
+        s0, c0, t0 = server_cpu(), time.process_time(), time.perf_counter()
+        computed[k] = cases[k]()
+        t1, c1, s1 = time.perf_counter(), time.process_time(), server_cpu()
+        if r:
+            out[k]["cpu"].append(c1 - c0)
+            out[k]["wall"].append(t1 - t0)
+            out[k]["server_cpu"].append(s1 - s0)
+shutil.rmtree(base)
+print(json.dumps({"n": n, "work": work, "rounds": rounds, "cases": out, "computed": computed,
+                  "joblib": None if joblib is None else joblib.__version__}))
+'''
+
+
+def remote_tier(n: int, rounds: int, works: list[int]) -> dict | None:
+    """A second machine's warm start through Redis (an empty local store, remote= a server
+    machine a filled) vs computing everything (an empty store, no remote) vs joblib.Memory
+    reading machine a's cache directory: one process per workload, the cases in rotating
+    order in each round, process CPU time (plus the Redis server's CPU for the remote case)
+    and wall time."""
+    import shutil
+    import socket
+    server = shutil.which("redis-server")
+    if server is None:
+        return None
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save",
+                                 "", "--appendonly", "no", "--dir", d],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            import redis
+            c = redis.Redis(port=port)
+            for _ in range(100):
+                try:
+                    c.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            rows = []
+            for work in works:
+                c.flushall()
+                rows.append(_run_prog(REMOTE_PROGRAM, [f"redis://127.0.0.1:{port}/0", n,
+                                                       rounds, work, proc.pid],
+                                      str(HERE.parent)))
+        finally:
+            proc.kill()
+            proc.wait()
+    return {"rows": rows, "redis_server": subprocess.run([server, "--version"],
+                                                         capture_output=True,
+                                                         text=True).stdout.strip()}
+
+
+def soak(steps: int, max_bytes: int, every: int) -> dict:
+    """A program that makes a new result every step (a new instance, and a new trace of one
+    instance) with Runtime(store=..., max_bytes=...): entry bytes, entries, index nodes and
+    data.mdb's size after every ``every`` steps (each a commit)."""
+    import incr
+    from incr.store import _live
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "s")
+        rt = incr.Runtime(store=path, max_bytes=max_bytes)
+        x = rt.input("x", -1)
+
+        @incr.cell(version="1")
+        def blob(k):
+            return bytes([k % 256]) * 400
+
+        @incr.cell(version="1")
+        def echo():
+            return str(x.get()) * 40
+
+        (s,) = [s for s in list(_live) if s.path == path and not s.closed]
+        rows = []
+        t = time.process_time()
+        with rt:
+            for k in range(steps):
+                blob(k)
+                x.set(k)
+                echo()
+                if k % 50 == 49:
+                    rt._commit()              # (a commit every 50 steps)
+                if k % every == every - 1:
+                    with s._txn("measuring", buffers=True) as txn:
+                        eb = sum(len(v) for v in txn.cursor(db=s.entries).iternext(keys=False))
+                        rows.append({"step": k + 1, "entry_bytes": eb,
+                                     "entries": txn.stat(s.entries)["entries"],
+                                     "index_nodes": txn.stat(s.index)["entries"],
+                                     "file": os.path.getsize(os.path.join(path, "data.mdb"))})
+        cpu = time.process_time() - t
+        evicted = s.evicted
+        rt.close()
+    return {"steps": steps, "max_bytes": max_bytes, "rows": rows, "evicted": evicted,
+            "cpu_s": cpu}
+
+
 def _run_prog(source: str, args: list, pythonpath: str | None) -> object:
     with tempfile.TemporaryDirectory() as d:
         prog = os.path.join(d, "prog.py")
@@ -292,7 +464,7 @@ def hashing(small: int, big_mb: int) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.store")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="warm,joblib,commit,hashing,toplevel,history",
+    ap.add_argument("--only", default="warm,joblib,commit,hashing,toplevel,history,remote,soak",
                     help="comma-separated parts to run")
     ap.add_argument("--before", default=None,
                     help="a checkout of an earlier incr, built in place: toplevel and history "
@@ -309,14 +481,19 @@ def main(argv=None) -> int:
     hist = (history([10, 1_000] if a.quick else [10, 1_000, 10_000], 20 if a.quick else 100,
                     a.before, [10, 300] if a.quick else [10, 1_000, 3_000])
             if "history" in only else None)
+    remote = (remote_tier(500 if a.quick else 2_000, 3 if a.quick else 7,
+                          [0, 2_000] if a.quick else [0, 2_000, 20_000])
+              if "remote" in only else None)
+    soaked = (soak(3_000 if a.quick else 30_000, 256_000, 500 if a.quick else 2_500)
+              if "soak" in only else None)
     import incr
 
     result = {"incr": incr.__version__, "python": sys.version.split()[0], "warm": warm,
               "joblib": jl, "commit": commit, "hashing": hashes, "toplevel": top,
-              "history": hist, "before": a.before,
+              "history": hist, "before": a.before, "remote": remote, "soak": soaked,
               "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     name = "results-store-quick.json" if a.quick else "results-store.json"
-    if only != {"warm", "joblib", "commit", "hashing", "toplevel", "history"}:
+    if only != {"warm", "joblib", "commit", "hashing", "toplevel", "history", "remote", "soak"}:
         name = name.replace(".json", "-" + "-".join(sorted(only)) + ".json")
     (HERE / name).write_text(json.dumps(result, indent=2) + "\n")
     if top:
@@ -333,6 +510,28 @@ def main(argv=None) -> int:
             for r in hist.get(label) or []:
                 print(f"  {label:<12} N={r['traces']:>6,}  new value {r['new_s'] * 1e3:8.2f} ms"
                       f"   stored value {r['old_s'] * 1e3:8.2f} ms")
+    if "remote" in only and remote is None:
+        print("remote tier: redis-server is not installed; not measured")
+    for row in (remote or {}).get("rows", []):
+        med = {k: {m: statistics.median(v[m]) for m in ("cpu", "wall", "server_cpu")}
+               for k, v in row["cases"].items()}
+        print(f"second machine's warm start, {row['n']:,} leaves of {row['work']:,} steps each, "
+              f"median of {row['rounds']} rotating rounds (computed: {row['computed']}):")
+        for k, m in med.items():
+            extra = (f" + server {m['server_cpu'] * 1e3:.1f} ms" if k == "redis" else "")
+            print(f"  {k:<10} CPU {m['cpu'] * 1e3:9.1f} ms{extra:<22} wall {m['wall'] * 1e3:9.1f} ms")
+        r = med["redis"]
+        rcpu = r["cpu"] + r["server_cpu"]
+        print(f"  recompute / redis (CPU incl. server): {med['recompute']['cpu'] / rcpu:.2f}x"
+              + (f"; joblib / redis: {med['joblib']['cpu'] / rcpu:.2f}x" if "joblib" in med
+                 else ""))
+    if soaked:
+        print(f"soak: {soaked['steps']:,} steps, max_bytes={soaked['max_bytes']:,}, "
+              f"{soaked['evicted']:,} evicted, {soaked['cpu_s']:.1f} s CPU")
+        for r in soaked["rows"]:
+            print(f"  step {r['step']:>7,}  entries {r['entries']:>5}  entry bytes "
+                  f"{r['entry_bytes']:>9,}  index nodes {r['index_nodes']:>5}  data.mdb "
+                  f"{r['file']:>10,}")
     if warm is None:
         return 0
     per_instance = warm["warm_s"] / max(warm["instances"], 1)

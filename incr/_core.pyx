@@ -890,8 +890,8 @@ cdef class Runtime:
     """
 
     def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None,
-                 executor=None, max_concurrency=None, durability="group", budget=None,
-                 on_failure=None):
+                 executor=None, max_concurrency=None, durability="group", remote=None,
+                 budget=None, on_failure=None):
         if durability not in ("group", "sync"):
             raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
                              f"{durability!r:.80}")
@@ -950,8 +950,12 @@ cdef class Runtime:
             # control across every LLM node of the runtime (incr.llmnodes checks the types)
             from incr import llmnodes as _llm
             _llm.configure(self, budget, on_failure)
+        if remote is not None and store is None:
+            raise ValueError("Runtime: remote= is a second tier of a store: pass store= too "
+                             "(e.g. Runtime(store='.incr', remote='redis://host:6379/0'))")
         if store is not None:
-            self.store = Store(store, max_bytes=max_bytes, durability=durability)
+            self.store = Store(store, max_bytes=max_bytes, durability=durability,
+                               remote=remote)
 
     # -- the public surface ---------------------------------------------------------------
 

@@ -4,7 +4,8 @@ Layout of a store directory (a directory incr creates is 0700; the files are 060
 ``data.mdb`` and ``lock.mdb``, and ``incr.lock``, which every open Store holds a shared flock on
 and ``compact`` an exclusive one):
 
-- ``meta``    format version, creation time, run counter;
+- ``meta``    format version, creation time, run counter, ``entry_bytes`` (the bytes of the
+  entries' records: ``max_bytes`` is checked against it at every commit, see ``_bound``);
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
   record (below). Several traces of one instance coexist (change-and-revert finds the old one);
 - ``log``     usage, as written: one entry per commit that wrote or took entries, key = run
@@ -57,6 +58,13 @@ Writes are buffered by the runtime and committed in one write transaction per to
 or stabilization (``commit``); the first writer of an entry wins (``overwrite=False``), so
 processes that compute the same entry end with the same stored value.
 
+With ``remote=`` (incr.tiers), a lookup that misses locally asks the remote tier for the index
+node, entry or LLM node state under the same key (``_read_through``, ``_fetch``; an
+instance's root comes with its *bundle*, ``_prefetch``), checks it (``_check_remote``: as a
+local record, and an entry by its content address), and writes it locally at the next commit;
+each commit pushes what it wrote (and a bundle per instance) to the remote's write-behind
+queue. Nothing read from a remote is trusted before those checks.
+
 Invariants: every committed record decodes; a reader never sees half a commit (LMDB's MVCC);
 no thread uses a handle that another thread closed (see ``Store``); a forked child uses only
 handles it opened itself.
@@ -107,6 +115,8 @@ DURABILITY = ("group", "sync")    # Runtime(durability=...): the first is the de
 GROUP_INTERVAL = 0.05             # "group": seconds a result may wait in memory before its commit
 GROUP_RECORDS = 2000              # ... or records (or GROUP_BYTES of them) that commit at once
 GROUP_BYTES = 16 << 20
+ENTRY_BYTES = b"entry_bytes"      # meta: the bytes of the entries' records (max_bytes)
+LRU_LOW = 0.8                     # max_bytes exceeded at a commit: evict down to this share
 
 
 def _usage(v: bytes | None) -> tuple[int, int]:
@@ -140,6 +150,133 @@ def unpack_record(data: bytes) -> dict:
     Raises ValueError (only) if it is not a sound record."""
     from incr._core import read_record
     return read_record(data).as_dict()
+
+
+_ALGORITHM = {b"x": "xxh3_128", b"b": "blake2b"}
+
+
+def _check_remote(kind: bytes, key: bytes, data: bytes, run: int) -> bytes:
+    """A record read from a remote tier, checked as a local one is and, for an entry, by its
+    content address too; returned as this store keeps it (an entry carries this store's
+    ``run``). ValueError (only) if it fails a check: the caller treats it as a miss."""
+    if len(data) > MAX_RECORD + HEADER.size:
+        raise ValueError("longer than a record may be")
+    if kind == b"x":
+        items = _index_items(data) if data else None
+        if not items:
+            raise ValueError("not an index node")
+        alg = _ALGORITHM.get(key[:1])
+        ik = key[:-16]
+        if alg is None or len(ik) != _ikey_len(key):
+            raise ValueError("not an index key")
+        from incr.keys import instance_key
+        for it in items:            # each item as the lookup will read it, checked now
+            blobs, at = [], 1
+            while at < len(it):
+                n = int.from_bytes(it[at:at + 4], "big")
+                blobs.append(it[at + 4:at + 4 + n])
+                at += 4 + n
+            if it[:1] == b"E":
+                if blobs[0][:len(ik)] != ik or len(blobs[0]) != 2 * len(ik):
+                    raise ValueError("it names an entry of another instance")
+            elif it[:1] == b"c":
+                try:
+                    ident = blobs[0].decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ValueError("a cell identity is not UTF-8") from None
+                if instance_key(ident, blobs[1], alg) != blobs[2]:
+                    raise ValueError("a cell's instance key does not match it")
+            else:
+                try:
+                    blobs[0].decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ValueError("an input name is not UTF-8") from None
+        return data
+    if kind == b"n":
+        from incr.keys import checksum
+        if len(data) < HEADER.size:
+            raise ValueError("shorter than a header")
+        magic, fmt, k, length, crc = HEADER.unpack_from(data)
+        if magic != MAGIC or fmt != FORMAT or k != KIND_NODE:
+            raise ValueError("not an LLM node state of this format")
+        if length != len(data) - HEADER.size or checksum(data[HEADER.size:]) != crc:
+            raise ValueError("length or checksum mismatch")
+        return data
+    import msgpack
+    from incr.keys import digest, instance_key
+    rec = unpack_record(data)          # header, length, checksum, layout
+    alg = _ALGORITHM.get(key[:1])
+    if alg is None or len(key) != 2 * _ikey_len(key):
+        raise ValueError("not an entry key")
+    n = _ikey_len(key)
+    if instance_key(rec["cell"], rec["args"], alg) != key[:n]:
+        raise ValueError("its cell and arguments are not those of its key")
+    if digest("value", rec["val"], alg) != rec["vh"]:
+        raise ValueError("its value does not hash to its value hash")
+    deps = []
+    for k, ref, h in rec["deps"]:
+        if k == "i":
+            deps.append(["i", ref, h])
+        else:
+            if instance_key(ref[0], ref[1], alg) != ref[2]:
+                raise ValueError("a dependency's instance key does not match it")
+            deps.append(["c", [ref[0], ref[1]], h])
+    if digest("trace", msgpack.packb(deps, use_bin_type=True), alg) != key[n:]:
+        raise ValueError("its dependencies are not those of its key")
+    rec["run"] = run
+    return pack_record(rec)
+
+
+INDEX_ROOT = bytes(16)            # the root node id of an instance's index
+PREFETCH_MAX = 20_000             # instances whose bundles one remote miss may bring
+BUNDLE_ENTRY_MAX = 64 << 10       # entries larger than this are not bundled (read alone)
+
+
+def _item_blobs(it: bytes) -> list[bytes]:
+    blobs, at = [], 1
+    while at < len(it):
+        n = int.from_bytes(it[at:at + 4], "big")
+        blobs.append(it[at + 4:at + 4 + n])
+        at += 4 + n
+    return blobs
+
+
+def _bundles(push: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The remote tier's bundles of a commit: per instance key, its index nodes and entries
+    (not larger than BUNDLE_ENTRY_MAX) among ``push`` ((b"x"|b"e") + key, value), as one
+    record ``b"b"`` + instance key: kind (1 byte) | key blob | value blob, repeated."""
+    by: dict[bytes, list[bytes]] = {}
+    for k, v in push:
+        kind, key = k[:1], k[1:]
+        if kind not in (b"x", b"e") or (kind == b"e" and len(v) > BUNDLE_ENTRY_MAX):
+            continue
+        ik = key[:_ikey_len(key)]
+        by.setdefault(ik, []).append(kind + len(key).to_bytes(4, "big") + key
+                                     + len(v).to_bytes(4, "big") + v)
+    return [(b"b" + ik, b"".join(parts)) for ik, parts in by.items()]
+
+
+def _bundle_items(data: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """(kind, key, value) of each record of a bundle; ValueError if it is malformed."""
+    out, at, n = [], 0, len(data)
+    if not n:
+        raise ValueError("an empty bundle")
+    while at < n:
+        if at + 5 > n:
+            raise ValueError("a bundle's record is cut short")
+        kind = data[at:at + 1]
+        kl = int.from_bytes(data[at + 1:at + 5], "big")
+        key = data[at + 5:at + 5 + kl]
+        at += 5 + kl
+        if len(key) != kl or at + 4 > n:
+            raise ValueError("a bundle's key overruns it")
+        vl = int.from_bytes(data[at:at + 4], "big")
+        v = data[at + 4:at + 4 + vl]
+        at += 4 + vl
+        if len(v) != vl:
+            raise ValueError("a bundle's value overruns it")
+        out.append((kind, key, v))
+    return out
 
 
 def _forget_inherited(env: Any) -> None:
@@ -327,7 +464,7 @@ class Store:
     environment raises StoreError. So no thread ever uses a handle another thread freed."""
 
     def __init__(self, path: Any, *, max_bytes: int | None = None, count_run: bool = True,
-                 create: bool = True, durability: str = "sync"):
+                 create: bool = True, durability: str = "sync", remote: Any = None):
         if durability not in DURABILITY:
             raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
                              f"{durability!r:.80}")
@@ -367,7 +504,34 @@ class Store:
         self._timer = threading.Condition(threading.Lock())
         self._timer_thread: threading.Thread | None = None
         self._bg_error: BaseException | None = None   # a background commit's failure, raised
-        self._open()                                   # by the next commit of the runtime
+        # the remote tier (incr.tiers): records taken from it wait here for the next commit
+        # (written locally, never pushed back); _recent: usage tag -> the commit of this
+        # process that last wrote or took it (the LRU order within the current run)
+        self.remote = None
+        self.fill: dict[bytes, bytes] = {}
+        self.fill_index: dict[bytes, bytes] = {}
+        self.fill_nodes: dict[bytes, bytes] = {}
+        self._bundled: set[bytes] = set()  # instances whose remote bundle was asked for
+        self._recent: dict[bytes, int] = {}
+        self._wseq = 0
+        self.evicted = 0                  # entries max_bytes evicted while open
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
+            raise ValueError(f"Store: max_bytes must be a positive int or None, got "
+                             f"{max_bytes!r:.80}")
+        tier = None
+        if remote is not None:
+            from incr.tiers import open_tier
+            tier = open_tier(remote)       # (a bad URL is refused before the store opens)
+        try:
+            self._open()                               # by the next commit of the runtime
+        except BaseException:
+            if tier is not None:
+                with contextlib.suppress(Exception):
+                    tier.close()
+            raise
+        if tier is not None:
+            from incr.tiers import Remote
+            self.remote = Remote(tier)
 
     # -- opening --------------------------------------------------------------------------
 
@@ -468,6 +632,7 @@ class Store:
                                self.runs, self.programs, self.used_by):
                         txn.drop(db, delete=False)
                     txn.put(b"format", str(FORMAT).encode(), db=self.meta)
+                    txn.put(ENTRY_BYTES, b"0", db=self.meta)
                     warnings.warn(f"incr store {path} was written in format {fmt.decode()}; "
                                   f"it now has format {FORMAT} and its old results are "
                                   f"computed again", DamagedRecordWarning, stacklevel=4)
@@ -476,6 +641,7 @@ class Store:
                         raise StoreError(f"store {path} has entries but no format record")
                     txn.put(b"format", str(FORMAT).encode(), db=self.meta)
                     txn.put(b"created", str(time.time()).encode(), db=self.meta)
+                    txn.put(ENTRY_BYTES, b"0", db=self.meta)
                 elif fmt != str(FORMAT).encode():
                     raise StoreError(
                         f"store {path} has format {fmt[:20]!r}; this version of incr reads "
@@ -532,6 +698,10 @@ class Store:
         self.durability = "sync"
         self.pending, self.pending_nodes, self.pending_index = {}, {}, {}
         self.hit_tags, self.damaged, self._pending_bytes, self.seq = bytearray(), set(), 0, 0
+        self.fill, self.fill_index, self.fill_nodes = {}, {}, {}
+        self._bundled = set()
+        if self.remote is not None:
+            self.remote.after_fork()
         self._iops = None
         self._users, self._pass_thread, self._draining = {}, None, 0
         self._parked = False
@@ -551,6 +721,7 @@ class Store:
                 if os.getpid() != self.pid:
                     self.pending.clear()      # the parent writes what it buffered
                     self.pending_nodes.clear()
+                    self.fill, self.fill_index, self.fill_nodes = {}, {}, {}
                     self.hit_tags = bytearray()
                     self.seq = 0
                     self.damaged.clear()
@@ -640,6 +811,8 @@ class Store:
         Idempotent."""
         with self._timer:
             self._timer.notify_all()        # the commit thread sees `closed` and ends
+        if self.remote is not None and not self.closed and self.pid == os.getpid():
+            self.remote.close()             # (flushes what waits, at most FLUSH_TIMEOUT)
         with self._cond:
             if self.closed:
                 return
@@ -763,6 +936,8 @@ class Store:
                 c = self.cursor
                 ic = self.reader.cursor(db=self.index)
                 self._iops = (ic.set_key, ic.value, c.set_key, c.value)
+                if self.remote is not None:
+                    self._iops = self._read_through(self._iops)
                 self._ops = (c.set_range, c.key, c.value, c.next)
             except BaseException as e:
                 reader = self.reader
@@ -792,7 +967,70 @@ class Store:
         if rec is not None:
             return rec
         with self._txn("reading an LLM node's state", db="nodes", buffers=False) as txn:
-            return txn.get(ikey)
+            rec = txn.get(ikey)
+        if rec is None and self.remote is not None:
+            rec = self._fetch(b"n", ikey)
+        return rec
+
+    # -- the remote tier: read-through ------------------------------------------------------
+
+    def _read_through(self, iops: tuple) -> tuple:
+        """The index lookup's four cursor methods (see pass_cursor), asking the remote tier
+        where the local store has no such index node or entry. Used by the pass's thread
+        only, one set_key then its value at a time."""
+        iset, ival, eset, evalue = iops
+        got = [None, None]
+        fetch = self._fetch
+
+        def index_set(key: bytes) -> bool:
+            if iset(key):
+                got[0] = None
+                return True
+            got[0] = v = fetch(b"x", key, iset)
+            return v is not None
+
+        def index_value() -> bytes:
+            v = got[0]
+            return ival() if v is None else v
+
+        def entry_set(key: bytes) -> bool:
+            if eset(key):
+                got[1] = None
+                return True
+            got[1] = v = fetch(b"e", key)
+            return v is not None
+
+        def entry_value() -> bytes:
+            v = got[1]
+            return evalue() if v is None else v
+
+        return index_set, index_value, entry_set, entry_value
+
+    def _fetch(self, kind: bytes, key: bytes, local: Any = None) -> bytes | None:
+        """The record of kind ``kind`` (b"e" entry, b"x" index node, b"n" LLM node state)
+        at ``key`` from the remote tier, checked (a damaged one is a miss and a warning),
+        kept to be written locally at the next commit; None if the remote has none. The
+        root index node of an instance comes with the instance's bundle, and the bundles of
+        the cells its traces read (see _prefetch); ``local(key)``: whether the local index
+        has a node."""
+        fill = self.fill if kind == b"e" else self.fill_index if kind == b"x" else self.fill_nodes
+        v = fill.get(key)
+        if v is not None:
+            return v
+        if kind == b"x" and key[-16:] == INDEX_ROOT and len(key) > 16:
+            got = self._prefetch(key[:-16], key, local)
+            return got if got is not None else fill.get(key)
+        got = self.remote.get([kind + key])[0]
+        if got is None:
+            return None
+        try:
+            v = _check_remote(kind, key, got, self.run)
+        except ValueError as e:
+            self.remote.damaged(kind + key, str(e))
+            return None
+        with self._buf_lock:
+            fill[key] = v
+        return v
 
     def put_node(self, ikey: bytes, record: bytes) -> None:
         with self._buf_lock:
@@ -937,7 +1175,7 @@ class Store:
 
     def _buffered(self) -> bool:
         return bool(self.pending or self.hit_tags or self.damaged or self.pending_nodes
-                    or self.pending_index)
+                    or self.pending_index or self.fill or self.fill_index or self.fill_nodes)
 
     def commit_due(self) -> None:
         """The end of a top-level demand or stabilization. "sync": commit now. "group": end
@@ -1014,19 +1252,24 @@ class Store:
         with self._buf_lock:
             pending, hit_tags, damaged = self.pending, self.hit_tags, self.damaged
             nodes, index = self.pending_nodes, self.pending_index
+            fill, fill_index, fill_nodes = self.fill, self.fill_index, self.fill_nodes
             self.pending, self.hit_tags, self.damaged = {}, bytearray(), set()
             self.pending_nodes, self.pending_index, self._pending_bytes = {}, {}, 0
+            self.fill, self.fill_index, self.fill_nodes = {}, {}, {}
         with self._timer:
             self._since = None
         need = sum(map(len, pending.values())) + sum(map(len, nodes.values()))
         logs = []
-        if pending:
-            logs.append(b"\x00" + b"".join([usage_tag(k) for k in pending]))
+        written = list(pending) + [k for k in fill if k not in pending]
+        if written:
+            logs.append(b"\x00" + b"".join([usage_tag(k) for k in written]))
         if hit_tags:
             logs.append(b"\x01" + hit_tags)
         for _attempt in range(8):
             try:
+                push = []               # (the remote tier's copy: after the commit)
                 with env.begin(write=True) as txn:
+                    grown = 0               # bytes of entries added (see _entry_bytes)
                     for k in damaged:  # a damaged entry is dropped, so its recomputation lands
                         v = txn.get(k, db=self.entries)
                         if v is not None:
@@ -1034,16 +1277,37 @@ class Store:
                                 unpack_record(v)
                             except ValueError:
                                 txn.delete(k, db=self.entries)
+                                grown -= len(v)
                     for k in sorted(pending):
-                        txn.put(k, pending[k], db=self.entries, overwrite=False)
+                        if txn.put(k, pending[k], db=self.entries, overwrite=False):
+                            grown += len(pending[k])
+                    for k in sorted(fill):   # taken from the remote tier
+                        if k not in pending and txn.put(k, fill[k], db=self.entries,
+                                                        overwrite=False):
+                            grown += len(fill[k])
                     for k in sorted(nodes):   # node states: the latest writer wins
                         txn.put(k, nodes[k], db=self.nodes)
+                    for k in sorted(fill_nodes):
+                        if k not in nodes:
+                            txn.put(k, fill_nodes[k], db=self.nodes, overwrite=False)
                     idx = self.index          # index nodes: the latest item first
                     for k in sorted(index):
                         old = txn.get(k, db=idx)
                         v = _index_merge(old, index[k])
                         if v != old:
                             txn.put(k, v, db=idx)
+                        push.append((b"x" + k, v))
+                    for k in sorted(fill_index):   # the local items first, then the remote's
+                        old = txn.get(k, db=idx)
+                        v = fill_index[k]
+                        if old is not None:
+                            v = _index_merge(v, list(reversed(_index_items(old) or [])))
+                        if v != old:
+                            txn.put(k, v, db=idx)
+                    if self.max_bytes is not None and self.count_run:
+                        self._bound(txn, grown, written, hit_tags)
+                    elif grown:
+                        self._count(txn, grown)
                     # usage: one log entry per kind, not one update per entry (see _fold)
                     seq = self.seq
                     for v in logs:
@@ -1052,6 +1316,11 @@ class Store:
                     if self._log_is_full(txn):
                         self._fold(txn)
                 self.seq = seq
+                if self.remote is not None:
+                    push.extend((b"e" + k, v) for k, v in pending.items())
+                    push.extend(_bundles(push))
+                    push.extend((b"n" + k, v) for k, v in nodes.items())
+                    self.remote.push(push)
                 if self._buffered():   # buffered by another thread meanwhile: in its interval
                     with self._timer:
                         if self._since is None:
@@ -1074,6 +1343,171 @@ class Store:
         raise _explain(self.path, lmdb.MapFullError("MDB_MAP_FULL after 8 doublings of the map"),
                        "writing")
 
+    def _prefetch(self, ik: bytes, root: bytes, local: Any) -> bytes | None:
+        """A lookup missed the root index node of instance ``ik`` locally: ask the remote
+        for it and for the instance's *bundle* (the index nodes and entries of its latest
+        traces, as one record) in one round trip, then, a level per round trip, for the
+        bundles of the cells those traces read that the local index lacks (PREFETCH_MAX
+        instances at most). Every record in a bundle is checked as if read alone and kept in
+        the fill buffers; a warm start through the remote then costs about one round trip
+        per level of the graph, not one per index node. Returns the root node read directly
+        (None if none: the bundle's may be in fill_index)."""
+        bundled = self._bundled
+        if len(bundled) > 1 << 20:
+            bundled.clear()
+        level, direct, taken = [ik], None, 0
+        while level:
+            keys = [b"b" + k for k in level]
+            if direct is None and taken == 0:
+                keys.append(b"x" + root)
+            vals = self.remote.get(keys)
+            if taken == 0:
+                direct = vals.pop()
+            bundled.update(level)
+            taken += len(level)
+            nxt: dict[bytes, None] = {}
+            for k, v in zip(level, vals):
+                if v is None:
+                    continue
+                for dk in self._unbundle(k, v):
+                    if dk in bundled or dk in nxt or dk + INDEX_ROOT in self.fill_index:
+                        continue
+                    if local is not None and local(dk + INDEX_ROOT):
+                        continue
+                    nxt[dk] = None
+            level = list(nxt)[:max(0, PREFETCH_MAX - taken)]
+        if direct is not None:
+            try:
+                direct = _check_remote(b"x", root, direct, self.run)
+            except ValueError as e:
+                self.remote.damaged(b"x" + root, str(e))
+                return None
+            with self._buf_lock:
+                self.fill_index[root] = direct
+        return direct
+
+    def _unbundle(self, ik: bytes, data: bytes) -> list[bytes]:
+        """Check the bundle of instance ``ik`` and keep its records in the fill buffers;
+        returns the instance keys of the cells its index nodes name. A damaged bundle (or a
+        record in it) is a miss and a warning: nothing of it is kept."""
+        try:
+            items = _bundle_items(data)
+            out, deps = [], []
+            for kind, key, v in items:
+                if key[:len(ik)] != ik or kind not in (b"x", b"e"):
+                    raise ValueError("it holds a record of another instance")
+                out.append((kind, key, _check_remote(kind, key, v, self.run)))
+                if kind == b"x":
+                    for it in _index_items(v) or ():
+                        if it[:1] == b"c":
+                            blobs = _item_blobs(it)
+                            deps.append(blobs[2])
+        except ValueError as e:
+            self.remote.damaged(b"b" + ik, str(e))
+            return []
+        with self._buf_lock:
+            for kind, key, v in out:
+                (self.fill if kind == b"e" else self.fill_index).setdefault(key, v)
+        return deps
+
+    # -- max_bytes, at every commit (LRU) ------------------------------------------------------
+
+    def _count(self, txn: lmdb.Transaction, grown: int) -> None:
+        """Keep the entries' byte count (meta ``entry_bytes``), where the store has one."""
+        v = txn.get(ENTRY_BYTES, db=self.meta)
+        if v is not None and v.isdigit():
+            txn.put(ENTRY_BYTES, str(max(0, int(v) + grown)).encode(), db=self.meta)
+
+    def _bound(self, txn: lmdb.Transaction, grown: int, written: list[bytes],
+               hit_tags: bytes) -> None:
+        """max_bytes at a commit (in its transaction): the entries this commit writes or takes
+        are the most recently used; if the entries then take more than max_bytes, the least
+        recently used others are evicted until they take LRU_LOW of it."""
+        self._wseq += 1
+        now = self._wseq
+        recent = self._recent
+        for k in written:
+            recent[usage_tag(k)] = now
+        for i in range(0, len(hit_tags), 8):
+            recent[bytes(hit_tags[i:i + 8])] = now
+        v = txn.get(ENTRY_BYTES, db=self.meta)
+        if v is not None and v.isdigit():
+            total = max(0, int(v) + grown)
+        else:                              # (a store written before the count: counted once)
+            total = sum(len(x) for x in txn.cursor(db=self.entries).iternext(keys=False))
+        if total > self.max_bytes:
+            total = self._evict(txn, now)
+        txn.put(ENTRY_BYTES, str(total).encode(), db=self.meta)
+
+    def _evict(self, txn: lmdb.Transaction, now: int) -> int:
+        """Evict least recently used entries (never those of the commit ``now``) until the
+        entries take at most LRU_LOW * max_bytes; returns their bytes. Least recently used:
+        by the last run that wrote or took the entry (``used``, the log folded first), and
+        within this run by the commit that last did. An evicted entry's usage goes with it,
+        and the index of its instance is rebuilt from the instance's other entries."""
+        self._fold(txn)
+        last = {k: _usage(v)[1] for k, v in txn.cursor(db=self.used)}
+        recent, run = self._recent, self.run
+        rows, total = [], 0
+        for k, v in txn.cursor(db=self.entries):
+            n = len(v)
+            total += n
+            t = usage_tag(k)
+            r = recent.get(t)
+            if r == now:
+                continue                   # what this commit writes or takes: kept
+            rows.append(((run, r) if r is not None else (last.get(t, 0), 0), k, n))
+        if total <= self.max_bytes:
+            return total
+        rows.sort()
+        low = int(self.max_bytes * LRU_LOW)
+        touched = set()
+        cur = txn.cursor(db=self.used_by)
+        for _when, k, n in rows:
+            if total <= low:
+                break
+            txn.delete(k, db=self.entries)
+            total -= n
+            tag = usage_tag(k)
+            txn.delete(tag, db=self.used)
+            recent.pop(tag, None)
+            if cur.set_range(tag):
+                while cur.key()[:8] == tag and cur.delete():
+                    pass
+            touched.add(k[:_ikey_len(k)])
+            self.evicted += 1
+        for ik in sorted(touched):
+            self._reindex(txn, ik)
+        return total
+
+    def _reindex(self, txn: lmdb.Transaction, ik: bytes) -> None:
+        """Write the index of instance ``ik`` anew from its entries (in ``txn``)."""
+        from incr._core import index_nodes
+        c = txn.cursor(db=self.index)
+        if c.set_range(ik):
+            while c.key()[:len(ik)] == ik and c.delete():
+                pass
+        recs = []
+        c = txn.cursor(db=self.entries)
+        if c.set_range(ik):
+            for k, v in c:
+                if k[:len(ik)] != ik:
+                    break
+                try:
+                    rec = unpack_record(v)
+                except ValueError:
+                    continue
+                recs.append((rec["run"], k, rec["deps"]))
+        recs.sort(key=lambda r: r[0])      # the latest run's items first, below
+        nodes: dict[bytes, list[bytes]] = {}
+        for _run, k, deps in recs:
+            for nk, item in index_nodes(ik, k, deps):
+                items = nodes.setdefault(nk, [])
+                if item not in items:
+                    items.append(item)
+        for nk in sorted(nodes):
+            txn.put(nk, _index_merge(None, nodes[nk]), db=self.index)
+
     def rebuild_index(self) -> int:
         """Write the index anew from the sound entries (after gc dropped some): one write
         transaction. Returns the number of index nodes."""
@@ -1093,16 +1527,20 @@ class Store:
         return len(nodes)
 
     def delete(self, keys: list[bytes]) -> int:
-        n = 0
+        n = gone = 0
         with self._txn("dropping entries", write=True) as txn:
             for k in keys:
-                n += bool(txn.delete(k, db=self.entries))
+                v = txn.pop(k, db=self.entries)
+                if v is not None:
+                    n += 1
+                    gone += len(v)
                 txn.delete(usage_tag(k), db=self.used)   # (fold first: see collect)
                 cur = txn.cursor(db=self.used_by)
                 tag = usage_tag(k)
                 if cur.set_range(tag):
                     while cur.key()[:8] == tag and cur.delete():
                         pass
+            self._count(txn, -gone)
         return n
 
 
@@ -1143,9 +1581,12 @@ def _commit_buffered(wait: float) -> None:
     results are computed again next time)."""
     for s in list(_live):
         try:
-            if s.closed or s.env is None or s.pid != os.getpid() or not s._buffered():
+            if s.closed or s.env is None or s.pid != os.getpid():
                 continue
-            s.commit(wait=wait)
+            if s._buffered():
+                s.commit(wait=wait)
+            if s.remote is not None:
+                s.remote.flush(wait)          # (the writer is a daemon thread)
         except Exception as e:
             warnings.warn(f"incr store {s.path}: results computed since the last commit were "
                           f"not saved at exit ({e})", RuntimeWarning, stacklevel=1)
