@@ -501,9 +501,10 @@ def _llm_details(st) -> dict:
                       "cost": st.spent_cost}}
 
 
-def timeline(store) -> list[dict]:
-    """Per run of the store, newest first: its program, and the instances it computed (wrote a
-    trace of) and the ones whose last use it was (taken from the store, or computed)."""
+def timeline(store, limit: int = 100) -> list[dict]:
+    """Per run of the store, newest first (the latest ``limit``): its program, and the
+    instances it computed (wrote a trace of) and the ones whose last use it was (taken from the
+    store, or computed)."""
     usage = store.usage()
     names, run_prog, _ = store.programs_usage()
     runs: dict[int, dict] = {}
@@ -516,7 +517,7 @@ def timeline(store) -> list[dict]:
         if last > rec["run"]:
             runs.setdefault(last, {"computed": set(), "used": set()})["used"].add(rec["label"])
     out = []
-    for run in range(store.run, 0, -1):
+    for run in range(store.run, max(0, store.run - limit), -1):
         r = runs.get(run, {"computed": set(), "used": set()})
         p = names.get(run_prog.get(run, -1))
         try:
