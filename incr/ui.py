@@ -121,6 +121,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         url = urlsplit(self.path)
+        port = self.server.server_address[1]
+        if self.headers.get("Host") not in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            # another name resolving to this machine (DNS rebinding): a web page elsewhere
+            # must not read the store through the user's browser
+            self._send(403, b"incr ui answers to http://127.0.0.1:PORT/ only", "text/plain")
+            return
         try:
             if url.path in ("/", "/index.html"):
                 self._send(200, graph.page(self.title).encode(), "text/html; charset=utf-8")

@@ -244,3 +244,25 @@ def test_ui_on_a_missing_store_or_a_taken_port_says_so(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_ui_answers_only_to_its_own_address(store):
+    """A page elsewhere whose name resolves to 127.0.0.1 (DNS rebinding) cannot read the
+    store through the user's browser: any other Host is refused."""
+    import http.client
+    from incr import ui as ui_mod
+    server = ui_mod.serve(store, 0)
+    try:
+        port = server.server_address[1]
+        for host, code in ((f"127.0.0.1:{port}", 200), (f"localhost:{port}", 200),
+                           (f"evil.example:{port}", 403), ("127.0.0.1", 403)):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            c.putrequest("GET", "/api/stamp", skip_host=True)
+            c.putheader("Host", host)
+            c.endheaders()
+            r = c.getresponse()
+            assert r.status == code, (host, r.status)
+            c.close()
+    finally:
+        server.shutdown()
+        server.server_close()
