@@ -402,8 +402,15 @@ def details(store, g: dict) -> dict:
             out[k]["llm"] = {"damaged": f"its saved state is damaged ({e})"}
             continue
         out[k]["llm"] = _llm_details(st)
-        if st.has_candidate:
+        if st.has_candidate and st.status == "stable":
             out[k]["value"] = _text(st.candidate)
+        elif st.has_candidate:
+            out[k].pop("value", None)
+            out[k]["candidate"] = _text(st.candidate)
+        if "why" not in out[k]:
+            out[k]["why"] = [f"No value of it is stored: its last run ended {st.status}"
+                             + (f" ({st.failed.reason})" if st.failed is not None else "")
+                             + "; see the stop reason and attempts below."]
     return out
 
 

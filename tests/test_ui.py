@@ -165,7 +165,9 @@ def test_live_page_shows_the_trace_and_follows_a_program_writing_to_the_store(
         assert "headline()" in page.locator("#runs .run").first.inner_text()
         page.locator("#graph g.node", has_text="summary('k')").click()
         text = page.locator("#details").inner_text()
-        assert "failed:" in text, text
+        assert "failed: budget" in text, text
+        assert "Last candidate (not accepted)\ndraft 1 about refunds" in text, text
+        assert "\nValue\n" not in text, text    # a failed node has no value
         nacks = [r for t in table_rows(page, "#details table.verdicts") for r in t
                  if "NACK" in r]
         assert nacks and all("no '#' title line" in r[-1] for r in nacks), nacks
