@@ -172,6 +172,22 @@ def _compute_identity(fn: Any) -> tuple[str, bool]:
     return f"{name}@{h}", exact
 
 
+def _is_task(obj: Any) -> bool:
+    """A functional-API ``@task`` (langgraph.func's task function object)."""
+    return type(obj).__name__ == "_TaskFunction" and callable(getattr(obj, "func", None))
+
+
+def _task_func(obj: Any) -> Any:
+    """The function a ``@task`` wraps; anything else as it is."""
+    return obj.func if _is_task(obj) else obj
+
+
+def _identifier(fn: Any) -> str | None:
+    """The name LangGraph gives a task's function in its cache namespace (``identifier``)."""
+    from langgraph.pregel._call import identifier
+    return identifier(fn)
+
+
 def _unwrap_node(obj: Any) -> Any:
     """The function behind a LangGraph node (StateNodeSpec, PregelNode, RunnableCallable)."""
     obj = getattr(obj, "runnable", obj)             # StateNodeSpec
@@ -313,12 +329,30 @@ class IncrCache(BaseCache):
 
     def watch(self, graph: Any, *, versions: Mapping[str, str] | None = None) -> "IncrCache":
         """Learn the code of every node of ``graph`` (a ``StateGraph``, a compiled graph, or a
-        mapping node name -> function); ``versions`` overrides a node's code hash with a name
-        you bump. Returns the cache, so ``builder.compile(cache=IncrCache(p).watch(builder))``.
+        mapping node name -> function), or of functional-API tasks (a ``@task`` function, or
+        a list of them); ``versions`` overrides a node's (or task's function name's) code hash
+        with a name you bump. Returns the cache, so
+        ``builder.compile(cache=IncrCache(p).watch(builder))``.
+
+        Needed for what cannot be found by name: graph nodes and tasks defined inside
+        functions, lambdas. Module-level functions and tasks are found without it.
         """
+        versions = dict(versions or {})
+        if _is_task(graph) or (isinstance(graph, (list, tuple, set, frozenset))
+                               and all(callable(t) for t in graph)):
+            for t in (graph,) if _is_task(graph) else graph:
+                fn = _task_func(t)
+                name = _identifier(fn)
+                if name is None:
+                    continue
+                ident = code_identity(fn)
+                v = versions.get(getattr(fn, "__name__", "")) or versions.get(name)
+                if v is not None:
+                    ident = (f"{ident[0].rsplit('@', 1)[0]}@v:{v}", True)
+                self._watched[(name, name)] = ident
+            return self
         nodes = getattr(graph, "builder", None)
         nodes = getattr(nodes, "nodes", None) or getattr(graph, "nodes", graph)
-        versions = dict(versions or {})
         for name, spec in dict(nodes).items():
             if name.startswith("__"):
                 continue
@@ -334,20 +368,26 @@ class IncrCache(BaseCache):
         return self
 
     def _code_of(self, ns: Sequence[str]) -> str | None:
+        # a graph node: (writes, identifier of its function, node name); a functional-API
+        # task: (writes, identifier of its function)
         node = ns[-1] if ns else ""
-        ident = ns[1] if len(ns) >= 3 else None
-        hit = self._watched.get((ident, node)) or self._watched.get(node)
+        ident = ns[1] if len(ns) >= 2 else None
+        task = len(ns) == 2
+        hit = self._watched.get((ident, node)) or (None if task else self._watched.get(node))
         if hit is None and ident is not None:
             fn = _resolve(ident)
             if fn is not None:
-                hit = code_identity(fn)
+                hit = code_identity(_task_func(fn))
         if hit is None:
             key = "/".join(ns)
             if key not in self._warned:
                 self._warned.add(key)
+                how = (f"call cache.watch([{node.rsplit('.', 1)[-1]}]) with the task (a task "
+                       f"defined inside a function cannot be found by name)" if task else
+                       "call cache.watch(graph) with the graph (or its builder) first")
                 warnings.warn(
-                    f"IncrCache: cannot find the code of node {node!r} ({ident}); it is not "
-                    f"cached. Call cache.watch(graph) with the graph (or its builder) first.",
+                    f"IncrCache: cannot find the code of {'task' if task else 'node'} "
+                    f"{node!r} ({ident}); it is not cached. To cache it, {how}.",
                     incr.NotPersistableWarning, stacklevel=4)
             return None
         return hit[0]

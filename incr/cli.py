@@ -218,13 +218,25 @@ def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool =
 
     store = _open_store(path)
     try:
-        g = graph.load(store, all_versions=all_versions)
+        if fmt == "html":
+            # the page shows the current instances; its toggle, the superseded ones too
+            # (with --all: everything, no toggle)
+            snap = graph.snapshot(store, all_versions=all_versions)
+            alt = graph.snapshot(store, all_versions=True) \
+                if snap["superseded"] and not all_versions else None
+            g = snap["graph"]
+        else:
+            g = graph.load(store, all_versions=all_versions)
     finally:
         store.close()
     if fmt == "json":
         text = json.dumps(g, indent=2) + "\n"
     elif fmt == "html":
-        text = graph.html(g, path)
+        if snap["layout_error"]:
+            raise graph.GraphvizMissing(snap["layout_error"])
+        text = graph.page(path, snap, alt)
+    elif fmt == "svg":
+        text = graph.svg(g)
     else:
         text = graph.dot(g)
     if output:
@@ -234,6 +246,31 @@ def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool =
                   f"{len(g['verdicts'])} verdict edges)\n")
     else:
         out.write(text)
+    return 0
+
+
+def ui_cmd(path: str, port: int, out, open_browser: bool = False) -> int:
+    from incr import ui
+
+    try:
+        server = ui.serve(path, port)
+    except OSError as e:
+        print(f"incr ui: cannot listen on 127.0.0.1:{port}: {e.strerror}; choose another "
+              f"port with --port N (0: any free one)", file=sys.stderr)
+        return 1
+    out.write(f"incr ui: {server.url} shows {path} (refreshes while programs run on it); "
+              f"Ctrl-C stops\n")
+    out.flush()
+    if open_browser:
+        import webbrowser
+        webbrowser.open(server.url)
+    try:
+        server.thread.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
     return 0
 
 
@@ -288,15 +325,22 @@ def _parser() -> argparse.ArgumentParser:
     p_insp.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
     p_insp.add_argument("--json", action="store_true",
                         help="print the instances as JSON instead of a table")
-    p_graph = sub.add_parser("graph", help="draw the stored trace (DOT, HTML or JSON)")
+    p_graph = sub.add_parser("graph", help="draw the stored trace (DOT, SVG, HTML or JSON)")
     p_graph.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
-    p_graph.add_argument("--format", choices=("dot", "html", "json"), default="dot",
-                         help="Graphviz DOT, a standalone HTML page, or JSON (default: dot)")
+    p_graph.add_argument("--format", choices=("dot", "svg", "html", "json"), default="dot",
+                         help="Graphviz DOT, SVG laid out by Graphviz, a standalone HTML page "
+                              "(the page of `incr ui`, not live), or JSON (default: dot; svg "
+                              "and html need Graphviz's dot program)")
     p_graph.add_argument("--json", action="store_true", help="same as --format json")
     p_graph.add_argument("-o", "--output", metavar="FILE", help="write to FILE")
     p_graph.add_argument("--all", action="store_true",
                          help="also draw superseded instances (an older version of a function "
                               "with the same arguments), dashed")
+    p_ui = sub.add_parser("ui", help="show the stored trace as a live page in a web browser")
+    p_ui.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
+    p_ui.add_argument("--port", type=int, default=8765, metavar="N",
+                      help="serve on 127.0.0.1:N (default 8765; 0: any free port)")
+    p_ui.add_argument("--open", action="store_true", help="also open the page in a browser")
     p_gc = sub.add_parser("gc", help="drop entries the latest runs cannot reach")
     p_gc.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
     p_gc.add_argument("--keep-runs", type=int, default=1, metavar="N",
@@ -330,12 +374,20 @@ def main(argv=None) -> int:
         if args.command == "graph":
             return graph_cmd(args.store, "json" if args.json else args.format, args.output, out,
                              all_versions=args.all)
+        if args.command == "ui":
+            return ui_cmd(args.store, args.port, out, open_browser=args.open)
         if args.command == "gc":
             if args.keep_runs < 1:
                 parser.error("--keep-runs must be at least 1")
             return gc_cmd(args.store, args.keep_runs, args.max_bytes, args.dry_run, args.json,
                           out, compact=args.compact)
     except incr.StoreError as e:
+        print(f"incr {args.command}: {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:
+        from incr.graph import GraphvizMissing
+        if not isinstance(e, GraphvizMissing):
+            raise
         print(f"incr {args.command}: {e}", file=sys.stderr)
         return 1
     except Exception as e:   # an lmdb error the store did not explain: still one line

@@ -17,9 +17,10 @@ What is drawn is what the store recorded, nothing inferred:
 - a dependency on an instance the store no longer holds (gc dropped it, or its value could not
   be stored) is drawn as a dotted *not stored* node, so that no real dependency is hidden.
 
-``layout`` places the nodes in layers (what is read left of what reads it), routes every edge
-that spans several layers through reserved slots of the layers between, and orders each layer
-to reduce crossings: no edge passes through a box it does not connect.
+The drawings (``incr graph --format svg|html``, ``incr ui``) are laid out by Graphviz's ``dot``
+(layers, what is read left of what reads it, edges routed around the boxes): ``dot`` writes the
+DOT text, ``svg`` runs Graphviz on it, ``page`` is the page of both ``incr graph --format html``
+(static) and ``incr ui`` (live), ``snapshot`` all it shows.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def load(store, *, all_versions: bool = False) -> dict:
                     seen.add((src, me))
                     edges.append([src, me])
 
+    by_ident = {(rs[0][1]["cell"], bytes(rs[0][1]["args"])): nid(ik) for ik, rs in recs.items()}
     verdicts = []
     for ik, data in store.iter_nodes():
         me = nid(bytes(ik))
@@ -119,6 +121,14 @@ def load(store, *, all_versions: bool = False) -> dict:
         n["kind"] = "llm"
         n.update(status=st.status, revision=st.revision,
                  reason=st.failed.reason if st.failed is not None else None)
+        if not n["traces"] and isinstance(st.refs, list):
+            # no value stored (it failed, or has none yet): what its last run read is in its
+            # state, as references [kind, name or [identity, args], value hash]
+            for ref in st.refs:
+                src = _ref_node(ref, by_ident, nodes)
+                if src is not None and (src, me) not in seen:
+                    seen.add((src, me))
+                    edges.append([src, me])
         per: dict[str, dict] = {}
         for (vid, _vv, _case, rev), (vs, _d) in st.ledger.items():
             if rev != st.revision:
@@ -148,6 +158,20 @@ def load(store, *, all_versions: bool = False) -> dict:
     return {"nodes": nodes, "edges": edges, "verdicts": verdicts}
 
 
+def _ref_node(ref: Any, by_ident: dict, nodes: dict) -> str | None:
+    """The node id a stored reference of an LLM node's state names (an input is added to
+    ``nodes``), or None if malformed or naming a cell the store holds no record of."""
+    if type(ref) is not list or len(ref) != 3:
+        return None
+    if ref[0] == "i" and type(ref[1]) is str:
+        src = "i" + ref[1].encode().hex()
+        nodes.setdefault(src, {"label": ref[1], "kind": "input"})
+        return src
+    if ref[0] == "c" and type(ref[1]) is list and len(ref[1]) == 2:
+        return by_ident.get((ref[1][0], bytes(ref[1][1])))
+    return None
+
+
 def mark_superseded(rows: list[dict]) -> list[dict]:
     """Set ``superseded`` on ``incr inspect``'s rows: True for an instance whose function (by
     name) with the same arguments (by label) has a newer version used in a later run."""
@@ -162,7 +186,16 @@ def mark_superseded(rows: list[dict]) -> list[dict]:
     return rows
 
 
-# --- DOT ---------------------------------------------------------------------------------------
+# --- DOT and Graphviz's layout -----------------------------------------------------------------
+
+
+class GraphvizMissing(RuntimeError):
+    """Graphviz's ``dot`` program is not installed (the layered layout needs it)."""
+
+
+DOT_MISSING = ("the drawing needs Graphviz's `dot` program, which is not installed (Debian/"
+               "Ubuntu: apt-get install graphviz; macOS: brew install graphviz; conda: conda "
+               "install graphviz); `incr graph --format dot` and `--format json` work without it")
 
 
 def _q(s: str) -> str:
@@ -171,276 +204,375 @@ def _q(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+MAX_LABEL = 48    # a longer label is shortened in its box (the full one is in the details)
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= MAX_LABEL else label[:MAX_LABEL - 1] + "…"
+
+
 def dot(g: dict) -> str:
+    """The graph in Graphviz's DOT language: ids are the hex node ids (quoted), every node and
+    edge carries an ``id`` and a ``class`` (kept by Graphviz in its SVG, where the page finds
+    them): a node ``id`` is its node id, an edge ``id`` is ``dep:FROM:TO`` or
+    ``verdict:NODE:VALIDATOR``."""
     nodes = g["nodes"]
-    lines = ["digraph incr {", "  rankdir=LR;", '  node [fontname="Helvetica", fontsize=11];',
-             '  edge [color="#777777"];']
+    lines = ["digraph incr {", "  rankdir=LR; nodesep=0.25; ranksep=0.6;",
+             '  node [fontname="Helvetica", fontsize=11, penwidth=1.2];',
+             '  edge [color="#888888", arrowsize=0.7, fontname="Helvetica"];']
     for k, n in sorted(nodes.items()):
         kind = n["kind"]
-        attrs = {"label": n["label"]}
+        label = _short(n["label"])
+        attrs = {"id": k, "class": f"kind-{kind}", "label": label}
         if kind == "input":
-            attrs.update(shape="box", style="filled", fillcolor="#fde9c8")
+            attrs.update(shape="box", style="filled", fillcolor="#fde9c8", color="#9a6a1f")
         elif kind == "llm":
-            attrs.update(shape="doubleoctagon", style="filled",
-                         fillcolor=STATUS_COLOUR.get(n.get("status"), "#dbe9fb"),
-                         label=f"{n['label']}\nLLM: {n.get('status', '?')}")
+            status = n.get("status", "?")
+            attrs.update(shape="box", style="rounded,filled,bold", penwidth="2",
+                         fillcolor=STATUS_COLOUR.get(status, "#dbe9fb"),
+                         label=f"{label}\nLLM · {status}")
+            attrs["class"] += f" status-{status}"
         elif kind == "validator":
-            attrs.update(shape="diamond", style="filled", fillcolor="#eeeeee")
+            attrs.update(shape="hexagon", style="filled", fillcolor="#eeeeee", color="#555555")
         elif kind == "missing":
-            attrs.update(shape="ellipse", style="dotted", label=f"{n['label']}\n(not stored)")
+            attrs.update(shape="box", style="rounded,dotted", label=f"{label}\n(not stored)")
         else:
-            attrs.update(shape="ellipse", style="filled", fillcolor="#dbe9fb")
+            attrs.update(shape="box", style="rounded,filled", fillcolor="#dbe9fb",
+                         color="#555577")
         if n.get("superseded"):
-            attrs.update(style="dashed", color="#999999", fontcolor="#777777",
-                         label=f"{n['label']}\n(superseded)")
+            attrs.update(style="rounded,dashed", color="#999999", fontcolor="#777777",
+                         fillcolor="#f4f4f4", label=f"{label}\n(superseded)")
+            attrs["class"] += " superseded"
         lines.append(f"  {_q(k)} [" + ", ".join(f"{a}={_q(str(v))}" for a, v in attrs.items())
                      + "];")
     for a, b in g["edges"]:
-        lines.append(f"  {_q(a)} -> {_q(b)};")
+        lines.append(f"  {_q(a)} -> {_q(b)} [id={_q(f'dep:{a}:{b}')}, class=\"dep\"];")
     for v in g["verdicts"]:
         kind = "NACK" if v["NACK"] else "ACK" if v["ACK"] else "UNKNOWN"
         lab = " ".join(f"{k} {v[k]}" for k in ("ACK", "NACK", "UNKNOWN") if v[k])
-        lines.append(f"  {_q(v['node'])} -> {_q(v['validator'])} [style=dashed, "
-                     f"color={_q(VERDICT_COLOUR[kind])}, label={_q(lab)}, fontsize=9];")
+        vid = f"verdict:{v['node']}:{v['validator']}"
+        lines.append(f"  {_q(v['node'])} -> {_q(v['validator'])} [id={_q(vid)}, "
+                     f"class=\"verdict {kind}\", style=dashed, penwidth=1.5, "
+                     f"color={_q(VERDICT_COLOUR[kind])}, fontcolor={_q(VERDICT_COLOUR[kind])}, "
+                     f"label={_q(lab)}, fontsize=9];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-# --- layout ------------------------------------------------------------------------------------
-
-CHAR_W = 7.2      # px per character of the 12px label font (a generous average)
-BOX_H = 30
-SLOT = 44         # vertical room per node or routed edge in a layer
-GAP = 90          # between layers
-MARGIN = 30
-MAX_CHARS = 48    # a longer label is shortened in its box (the full one is its tooltip)
+def have_dot() -> bool:
+    import shutil
+    return shutil.which("dot") is not None
 
 
-def _box_label(n: dict) -> str:
-    lab = n["label"]
-    return lab if len(lab) <= MAX_CHARS else lab[:MAX_CHARS - 1] + "…"
+def svg(g: dict) -> str:
+    """The graph laid out by Graphviz's ``dot`` (layered, edges routed around the boxes), as an
+    SVG element: node and edge groups keep their ``id`` and ``class`` (see ``dot``); the
+    ``<title>`` Graphviz gives each (the hex id) is left out. GraphvizMissing if ``dot`` is not
+    installed."""
+    import re
+    import shutil
+    import subprocess
+
+    exe = shutil.which("dot")
+    if exe is None:
+        raise GraphvizMissing(DOT_MISSING)
+    p = subprocess.run([exe, "-Tsvg"], input=dot(g).encode(), capture_output=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"Graphviz's dot failed on the trace ({p.returncode}): "
+                           f"{p.stderr.decode(errors='replace')[:500]}")
+    text = p.stdout.decode("utf-8")
+    text = text[text.index("<svg"):]
+    text = re.sub(r"<title>[^<]*</title>\n?", "", text)
+    return text.replace("<svg ", '<svg id="graph" ', 1)
 
 
-def layout(g: dict) -> dict:
-    """Positions: ``{"boxes": {id: (x, y, w, h)}, "edges": [{"from", "to", "kind", "points"}],
-    "width", "height"}``. Layered: a node sits one layer right of the deepest thing it reads
-    (a validator right of the node it judged); an edge across several layers passes through a
-    slot of its own in each layer between; each layer is ordered by the mean position of what
-    it reads (a few sweeps each way)."""
+# --- what the page shows about each node -------------------------------------------------------
+
+
+def _text(v: Any, limit: int = 4000) -> str:
+    """A value as the page shows it: a string as it is, anything else pretty-printed."""
+    import pprint
+    s = v if isinstance(v, str) else pprint.pformat(v, width=88, sort_dicts=False)
+    return s if len(s) <= limit else s[:limit] + f"… ({len(s) - limit} more characters)"
+
+
+def _value(blob: Any) -> str:
+    from incr.keys import decode
+    try:
+        return _text(decode(bytes(blob)))
+    except Exception:
+        return "(a value this process cannot decode: a type registered by the program)"
+
+
+def _verdict(vid: str | None, v: Any) -> dict:
+    d = {"validator": (vid or "").rsplit(".", 1)[-1], "kind": v.kind, "case": v.case}
+    if v.kind == "NACK":
+        d["counterexample"] = _text(v.counterexample, 2000)
+        d["message"] = v.message
+    elif v.kind == "UNKNOWN":
+        d["reason"] = v.reason
+    return d
+
+
+def _diff(a: Any, b: Any) -> str:
+    import difflib
+    return "\n".join(difflib.unified_diff(_text(a).splitlines(), _text(b).splitlines(),
+                                          "previous", "this", lineterm="", n=2))
+
+
+def details(store, g: dict) -> dict:
+    """Per node id, what the page shows when it is clicked (JSON): its value, why it last ran
+    (from its stored traces: what differs between the latest and the one before), what it
+    reads and what reads it; for an LLM node its attempts (candidate, diff with the one
+    before, verdicts, feedback), the verdicts on its current candidate and the stop reason;
+    for a validator the nodes it judged."""
+    from incr.llmnodes import _unpack_node
+
     nodes = g["nodes"]
-    links = [(a, b, "dep", None) for a, b in g["edges"]]
-    links += [(v["node"], v["validator"], "verdict", v) for v in g["verdicts"]]
-    preds: dict[str, list[str]] = {n: [] for n in nodes}
-    for a, b, _k, _v in links:
-        preds[b].append(a)
-    layer: dict[str, int] = {}
-    onstack: set[str] = set()
-    for start in sorted(nodes):
-        stack = [start]
-        while stack:
-            n = stack[-1]
-            if n in layer:
-                stack.pop()
-                continue
-            onstack.add(n)
-            pending = [d for d in preds[n] if d not in layer and d not in onstack]
-            if pending:
-                stack.extend(pending)
-                continue
-            # (a predecessor still on the stack means a cycle, only in a damaged trace: ignored)
-            layer[n] = 1 + max((layer[d] for d in preds[n] if d in layer), default=-1)
-            onstack.discard(n)
-            stack.pop()
-    # chains of dummy nodes for links that span layers (and a back link of a damaged trace)
-    order: dict[int, list[str]] = {}
-    for n in sorted(nodes, key=lambda n: (nodes[n]["kind"] != "input", nodes[n]["label"], n)):
-        order.setdefault(layer[n], []).append(n)
-    chains = []
-    up: dict[str, list[str]] = {n: [] for n in nodes}
-    dummies = 0
-    for a, b, kind, v in links:
-        la, lb = layer[a], layer[b]
-        if lb <= la:           # a damaged, cyclic trace: route it as a plain segment
-            chains.append((a, b, kind, v, [a, b]))
+    usage = store.usage()
+    names, run_prog, _ = store.programs_usage()
+    recs: dict[str, list[dict]] = {}
+    last_use: dict[str, int] = {}
+    for key, rec, _size in store.iter_records():
+        if rec is None:
             continue
-        chain = [a]
-        for lay in range(la + 1, lb):
-            d = f"\0{dummies}"
-            dummies += 1
-            order.setdefault(lay, []).append(d)
-            layer[d] = lay
-            up[d] = [chain[-1]]
-            chain.append(d)
-        up[b].append(chain[-1])
-        chain.append(b)
-        chains.append((a, b, kind, v, chain))
-    down: dict[str, list[str]] = {}
-    for n, ps in up.items():
-        for p in ps:
-            down.setdefault(p, []).append(n)
-    layers = [order.get(i, []) for i in range(max(order, default=-1) + 1)]
-    for sweep in range(8):
-        rng = range(1, len(layers)) if sweep % 2 == 0 else range(len(layers) - 2, -1, -1)
-        nbr = up if sweep % 2 == 0 else down
-        for i in rng:
-            ref = {n: k for k, n in enumerate(layers[i - 1 if sweep % 2 == 0 else i + 1])}
-            cur = {n: k for k, n in enumerate(layers[i])}
+        k = "c" + key[:_ikey_len(key)].hex()
+        if k in nodes:
+            recs.setdefault(k, []).append(rec)
+            last_use[k] = max(last_use.get(k, 0), usage.get(key, (0, 0))[1])
 
-            def bary(n):
-                ps = [ref[p] for p in nbr.get(n, []) if p in ref]
-                return sum(ps) / len(ps) if ps else cur[n]
-            layers[i].sort(key=lambda n: (bary(n), cur[n]))
-    # coordinates: columns as wide as their widest box; slots stacked, layers centred
-    widths = {n: max(60.0, CHAR_W * len(_box_label(nodes[n])) + 20) for n in nodes}
-    if any(nodes[n]["kind"] == "llm" for n in nodes):
-        for n in nodes:
-            if nodes[n]["kind"] == "llm":
-                widths[n] = max(widths[n], CHAR_W * (len(nodes[n].get("status", "")) + 5) + 20)
-    col_x, x = [], float(MARGIN)
-    col_w = []
-    for ns in layers:
-        w = max((widths[n] for n in ns if n in nodes), default=40.0)
-        col_x.append(x)
-        col_w.append(w)
-        x += w + GAP
-    tallest = max((len(ns) for ns in layers), default=1)
-    height = MARGIN * 2 + tallest * SLOT
-    pos: dict[str, tuple[float, float]] = {}
-    for i, ns in enumerate(layers):
-        top = MARGIN + (tallest - len(ns)) * SLOT / 2
-        for k, n in enumerate(ns):
-            pos[n] = (col_x[i], top + k * SLOT + (SLOT - BOX_H) / 2)
-    boxes = {n: (pos[n][0], pos[n][1], widths[n], BOX_H) for n in nodes}
-    out_edges = []
-    for a, b, kind, v, chain in chains:
-        pts = []
-        for j, n in enumerate(chain):
-            x0, y0 = pos[n]
-            yc = y0 + BOX_H / 2
-            colr = col_x[layer[n]] + col_w[layer[n]]
-            if n in nodes:
-                right = x0 + widths[n]
-                if j == 0:
-                    pts += [(right, yc), (colr, yc)]          # out of its box, across its column
-                else:
-                    pts.append((x0, yc))                       # into the left side of its box
-            else:
-                pts += [(x0, yc), (colr, yc)]                  # straight through a reserved slot
-        out_edges.append({"from": a, "to": b, "kind": kind, "verdict": v, "points": pts})
-    return {"boxes": boxes, "edges": out_edges, "width": max(x - GAP + MARGIN, 200.0),
-            "height": height, "layer": {n: layer[n] for n in nodes}}
+    def prog(run: int) -> str:
+        p = names.get(run_prog.get(run, -1))
+        if p is None:
+            return "a program not recorded"
+        try:
+            return " ".join(json.loads(p))
+        except ValueError:
+            return p
 
+    def dep_label(kind: str, ref: Any) -> str:
+        if kind == "i":
+            return f"input {ref}"
+        k = "c" + bytes(ref[2]).hex()
+        return f"cell {nodes[k]['label'] if k in nodes else _name(ref[0])}"
 
-def _path(points: list) -> str:
-    """SVG path through ``points``: straight inside a column, an S-curve between columns."""
-    (x, y), rest = points[0], points[1:]
-    d = [f"M{x:.1f},{y:.1f}"]
-    for (x1, y1) in rest:
-        if abs(y1 - y) < 0.01 or x1 <= x:
-            d.append(f"L{x1:.1f},{y1:.1f}")
-        else:
-            m = (x + x1) / 2
-            d.append(f"C{m:.1f},{y:.1f} {m:.1f},{y1:.1f} {x1:.1f},{y1:.1f}")
-        x, y = x1, y1
-    return " ".join(d)
-
-
-def html(g: dict, title: str) -> str:
-    """A self-contained page (no script or style from elsewhere): the laid-out graph as SVG;
-    clicking a node shows what the store records about it."""
-    nodes = g["nodes"]
-    lay = layout(g)
-    e = _html.escape
-    W, H = lay["width"], lay["height"]
-    parts = [f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{W:.0f}" '
-             f'height="{H:.0f}" viewBox="0 0 {W:.0f} {H:.0f}">',
-             '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="8" refY="4" '
-             'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker>'
-             + "".join(f'<marker id="arrow-{k}" markerWidth="8" markerHeight="8" refX="8" '
-                       f'refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="{c}"/></marker>'
-                       for k, c in VERDICT_COLOUR.items()) + "</defs>"]
-    for ed in lay["edges"]:
-        if ed["kind"] == "dep":
-            parts.append(f'<path class="edge" data-kind="dep" data-from="{e(ed["from"])}" '
-                         f'data-to="{e(ed["to"])}" d="{_path(ed["points"])}" fill="none" '
-                         f'stroke="#999" stroke-width="1.3" marker-end="url(#arrow)"/>')
-        else:
-            v = ed["verdict"]
-            kind = "NACK" if v["NACK"] else "ACK" if v["ACK"] else "UNKNOWN"
-            lab = ", ".join(f"{k} {v[k]}" for k in ("ACK", "NACK", "UNKNOWN") if v[k])
-            parts.append(f'<path class="edge" data-kind="verdict" data-from="{e(ed["from"])}" '
-                         f'data-to="{e(ed["to"])}" d="{_path(ed["points"])}" fill="none" '
-                         f'stroke="{VERDICT_COLOUR[kind]}" stroke-width="1.5" '
-                         f'stroke-dasharray="5 3" marker-end="url(#arrow-{kind})">'
-                         f'<title>{e(lab)}</title></path>')
-    for n, (x, y, w, h) in lay["boxes"].items():
-        nd = nodes[n]
-        kind = nd["kind"]
-        fill, stroke, dash, rx = "#dbe9fb", "#557", "", 12
-        if kind == "input":
-            fill, rx = "#fde9c8", 2
-        elif kind == "llm":
-            fill, stroke = STATUS_COLOUR.get(nd.get("status"), "#dbe9fb"), "#333"
-            rx = 4
-        elif kind == "validator":
-            fill, rx = "#eeeeee", 15
-        elif kind == "missing":
-            fill, dash = "#ffffff", ' stroke-dasharray="2 2"'
-        if nd.get("superseded"):
-            fill, stroke, dash = "#f4f4f4", "#999", ' stroke-dasharray="4 3"'
-        extra = ""
-        if kind == "llm":
-            extra = (f'<text x="{x + w - 6:.1f}" y="{y + 11:.1f}" text-anchor="end" '
-                     f'font-size="9" fill="#333">LLM · {e(nd.get("status", "?"))}</text>')
-        label_y = y + (22 if kind == "llm" else 19)
-        width = ' stroke-width="2"' if kind == "llm" else ""
-        parts.append(
-            f'<g class="node" data-id="{e(n)}" data-kind="{kind}" tabindex="0">'
-            f'<title>{e(nd["label"])}</title>'
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h}" rx="{rx}" '
-            f'fill="{fill}" stroke="{stroke}"{dash}{width}/>'
-            f'<text class="label" x="{x + 10:.1f}" y="{label_y:.1f}" font-size="12">'
-            f'{e(_box_label(nd))}</text>{extra}</g>')
-    parts.append("</svg>")
-    counts = {k: sum(1 for n in nodes.values() if n["kind"] == k)
-              for k in ("input", "cell", "llm", "validator", "missing")}
-    info = {k: {kk: vv for kk, vv in n.items()} for k, n in nodes.items()}
+    reads: dict[str, list[str]] = {}
+    read_by: dict[str, list[str]] = {}
+    for a, b in g["edges"]:
+        reads.setdefault(b, []).append(nodes[a]["label"])
+        read_by.setdefault(a, []).append(nodes[b]["label"])
+    out: dict[str, dict] = {}
+    for k, n in nodes.items():
+        d = {"id": k, "kind": n["kind"], "label": n["label"],
+             "reads": sorted(reads.get(k, [])), "read_by": sorted(read_by.get(k, []))}
+        if n.get("cell"):
+            d["function"] = n["cell"]
+        if n.get("superseded"):
+            by = nodes.get(n.get("superseded_by", ""), {})
+            d["superseded"] = (f"an older version of this function; the newer one "
+                               f"({by.get('cell', '?')}) ran since")
+        rs = sorted(recs.get(k, []), key=lambda r: r["run"])
+        if rs:
+            cur = rs[-1]
+            d["value"] = _value(cur["val"])
+            d["last_run"] = cur["run"]
+            d["program"] = prog(cur["run"])
+            d["traces"] = len(rs)
+            d["why"] = _why(k, n, rs, nodes, last_use.get(k, 0), dep_label, prog)
+        elif n["kind"] == "input":
+            d["value"] = ("(the store keeps an input's value hash, not its value: the program "
+                          "sets it)")
+        elif n["kind"] == "missing":
+            d["why"] = ["A dependency whose record the store no longer holds (gc dropped it, "
+                        "or its value could not be stored)."]
+        out[k] = d
     for v in g["verdicts"]:
-        info[v["node"]].setdefault("verdicts", []).append(
+        out[v["node"]].setdefault("verdict_counts", []).append(
             {"validator": nodes[v["validator"]]["label"],
-             **{k: v[k] for k in ("ACK", "NACK", "UNKNOWN")}})
-    data = json.dumps(info).replace("</", "<\\/")
+             **{x: v[x] for x in ("ACK", "NACK", "UNKNOWN")}})
+        out[v["validator"]].setdefault("judged", []).append(
+            {"node": nodes[v["node"]]["label"], **{x: v[x] for x in ("ACK", "NACK", "UNKNOWN")}})
+    for ik, data in store.iter_nodes():
+        k = "c" + bytes(ik).hex()
+        if k not in out:
+            continue
+        try:
+            st = _unpack_node(data, nodes[k]["label"])
+        except Exception as e:
+            out[k]["llm"] = {"damaged": f"its saved state is damaged ({e})"}
+            continue
+        out[k]["llm"] = _llm_details(st)
+        if st.has_candidate and st.status == "stable":
+            out[k]["value"] = _text(st.candidate)
+        elif st.has_candidate:
+            out[k].pop("value", None)
+            out[k]["candidate"] = _text(st.candidate)
+        if "why" not in out[k]:
+            out[k]["why"] = [f"No value of it is stored: its last run ended {st.status}"
+                             + (f" ({st.failed.reason})" if st.failed is not None else "")
+                             + "; see the stop reason and attempts below."]
+    return out
+
+
+def _why(k, n, rs, nodes, last_use, dep_label, prog) -> list[str]:
+    """Why the instance last ran, as far as its stored traces tell: the store keeps one trace
+    per distinct set of values it read, each with the run that wrote it (not the order of the
+    traces within a run)."""
+    def deps(traces):
+        out: dict[tuple, set] = {}
+        for r in traces:
+            for kind, ref, h in r["deps"]:
+                key = (kind, ref if kind == "i" else bytes(ref[2]).hex())
+                out.setdefault(key, set()).add(bytes(h))
+        return out
+
+    def lab(key):
+        kind, ref = key
+        return f"input {ref}" if kind == "i" else \
+            f"cell {nodes.get('c' + ref, {}).get('label', '(not stored)')}"
+
+    last = rs[-1]["run"]
+    same = [r for r in rs if r["run"] == last]
+    older = [r for r in rs if r["run"] != last]
+    lines = [f"Last ran in run {last} ({prog(last)})."]
+    if len(same) > 1:
+        d = deps(same)
+        varied = [lab(x) for x, hs in d.items() if len(hs) > 1 or
+                  any(x not in deps([r]) for r in same)]
+        lines.append(f"It ran {len(same)} times in that run, once per distinct set of values "
+                     f"it read" + (f"; they differ in: {', '.join(varied)}." if varied else "."))
+    if not older:
+        lines.append("No trace of an earlier run is stored: computed for the first time then "
+                     "(or gc dropped the earlier ones).")
+    else:
+        prun = older[-1]["run"]
+        pd, cd = deps([r for r in older if r["run"] == prun]), deps(same)
+        changed = [lab(x) for x in cd if x in pd and cd[x] != pd[x]]
+        new = [lab(x) for x in cd if x not in pd]
+        gone = [lab(x) for x in pd if x not in cd]
+        if changed:
+            lines.append(f"Compared with its trace of run {prun}, what it read changed: "
+                         f"{', '.join(changed)}.")
+        if new:
+            lines.append(f"It read what it had not read in run {prun}: {', '.join(new)}.")
+        if gone:
+            lines.append(f"It no longer read: {', '.join(gone)}.")
+        if not (changed or new or gone):
+            lines.append(f"It read the same values as in run {prun} (its code or the "
+                         f"store's copy may have changed).")
+    if last_use > last:
+        lines.append(f"Taken from the store without running since; last used in run "
+                     f"{last_use}.")
+    if n.get("superseded"):
+        lines.append("Its function has changed since (a body edit or a new version): the "
+                     "newer version's instance is the current one.")
+    return lines
+
+
+def _llm_details(st) -> dict:
+    """An LLM node's attempts, current verdicts and stop reason, from its saved state."""
+    attempts = []
+    prev = None
+    for a in st.attempts:
+        cand = st.values.get(a.revision)
+        att = {"revision": a.revision,
+               "candidate": _text(cand) if a.revision in st.values else "(not kept)",
+               "verdicts": [_verdict(vid, v) for vid, v in a.verdicts],
+               "feedback": [_verdict(None, v) for v in a.feedback],
+               "tokens": a.tokens, "cost": a.cost, "note": a.note}
+        if prev is not None and a.revision in st.values and prev in st.values \
+                and prev != a.revision:
+            att["diff"] = _diff(st.values[prev], cand)
+        if a.revision in st.values:
+            prev = a.revision
+        attempts.append(att)
+    current = []
+    for (vid, _vv, _case, rev), (vs, _d) in sorted(st.ledger.items(), key=lambda t: t[0][:3]):
+        if rev == st.revision:
+            current += [_verdict(vid, v) for v in vs]
+    if st.failed is not None:
+        stop = f"failed: {st.failed.reason}"
+        if st.failed.report:
+            stop += f"\n{st.failed.report}"
+    elif st.status == "stable":
+        stop = (f"accepted: candidate revision {st.revision} passed its validators "
+                f"({sum(v['kind'] == 'ACK' for v in current)} ACK, no NACK, no UNKNOWN)")
+    elif st.status == "invalid":
+        stop = "invalid: its candidate was rejected; it generates again when demanded"
+    else:
+        stop = f"{st.status}: not decided yet (the program had not finished judging it)"
+    return {"status": st.status, "revision": st.revision, "stop": stop,
+            "attempts": attempts, "current_verdicts": current,
+            "regressions": [_verdict(None, v) for v in st.regressions],
+            "spent": {"attempts": st.spent_attempts, "tokens": st.spent_tokens,
+                      "cost": st.spent_cost}}
+
+
+def timeline(store, limit: int = 100) -> list[dict]:
+    """Per run of the store, newest first (the latest ``limit``): its program, and the
+    instances it computed (wrote a trace of) and the ones whose last use it was (taken from the
+    store, or computed)."""
+    usage = store.usage()
+    names, run_prog, _ = store.programs_usage()
+    runs: dict[int, dict] = {}
+    for key, rec, _size in store.iter_records():
+        if rec is None:
+            continue
+        r = runs.setdefault(rec["run"], {"computed": set(), "used": set()})
+        r["computed"].add(rec["label"])
+        last = usage.get(key, (0, 0))[1]
+        if last > rec["run"]:
+            runs.setdefault(last, {"computed": set(), "used": set()})["used"].add(rec["label"])
+    out = []
+    for run in range(store.run, max(0, store.run - limit), -1):
+        r = runs.get(run, {"computed": set(), "used": set()})
+        p = names.get(run_prog.get(run, -1))
+        try:
+            p = " ".join(json.loads(p)) if p is not None else None
+        except ValueError:
+            pass
+        out.append({"run": run, "program": p, "computed": sorted(r["computed"]),
+                    "taken": sorted(r["used"] - r["computed"])})
+    return out
+
+
+def snapshot(store, *, all_versions: bool = False, layout: bool = True) -> dict:
+    """Everything the page shows, as JSON: the graph, its SVG drawing (None and a message in
+    ``layout_error`` when Graphviz is missing), the details per node, the run timeline."""
+    g = load(store, all_versions=all_versions)
+    snap = {"graph": g, "details": details(store, g), "timeline": timeline(store),
+            "runs": store.run, "svg": None, "layout_error": None,
+            "superseded": sum(1 for n in load(store, all_versions=True)["nodes"].values()
+                              if n.get("superseded")) if not all_versions else
+            sum(1 for n in g["nodes"].values() if n.get("superseded"))}
+    counts = {k: sum(1 for n in g["nodes"].values() if n["kind"] == k)
+              for k in ("input", "cell", "llm", "validator", "missing")}
     summary = (f"{counts['cell']} instances, {counts['llm']} LLM nodes, {counts['input']} "
                f"inputs, {len(g['edges'])} dependencies")
     if counts["validator"]:
         summary += f", {counts['validator']} validators ({len(g['verdicts'])} verdict edges)"
     if counts["missing"]:
         summary += f", {counts['missing']} dependencies no longer stored"
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>incr trace: {e(title)}</title><style>"
-        "body{font-family:Helvetica,Arial,sans-serif;margin:16px}"
-        "#wrap{display:inline-block;border:1px solid #ddd}"
-        "#graph text{font-family:Helvetica,Arial,sans-serif;pointer-events:none}"
-        ".node{cursor:pointer}.node.sel rect{stroke:#000;stroke-width:3}"
-        "#details{white-space:pre-wrap;background:#f7f7f7;padding:8px;min-height:2em}"
-        ".legend span{display:inline-block;padding:2px 8px;margin-right:6px;border:1px solid #557}"
-        "</style></head><body>"
-        f"<h1>incr trace</h1><p>{e(title)}: {e(summary)}. Arrows point from what was read to "
-        "what read it; a dashed coloured arrow is a validator's verdicts on an LLM node's "
-        "current candidate (green ACK, red NACK, grey UNKNOWN). Click a node for details.</p>"
-        "<p class='legend'><span style='background:#fde9c8'>input</span>"
-        "<span style='background:#dbe9fb;border-radius:8px'>cell</span>"
-        + "".join(f"<span style='background:{c}'>LLM {s}</span>"
-                  for s, c in STATUS_COLOUR.items())
-        + "<span style='background:#eee;border-radius:8px'>validator</span></p>"
-        f"<div id='wrap'>{''.join(parts)}</div><h2>Details</h2><div id='details'>"
-        "(click a node)</div>"
-        f"<script>const INFO={data};"
-        "document.querySelectorAll('.node').forEach(g=>{const show=()=>{"
-        "document.querySelectorAll('.node.sel').forEach(s=>s.classList.remove('sel'));"
-        "g.classList.add('sel');const n=INFO[g.dataset.id];"
-        "document.getElementById('details').textContent=JSON.stringify(n,null,2);};"
-        "g.addEventListener('click',show);"
-        "g.addEventListener('keydown',ev=>{if(ev.key==='Enter')show();});});"
-        "</script></body></html>\n")
+    snap["summary"] = summary + f"; {store.run} runs"
+    if layout:
+        try:
+            snap["svg"] = svg(g)
+        except GraphvizMissing as e:
+            snap["layout_error"] = str(e)
+    return snap
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+
+def page(title: str, snap: dict | None = None, alt: dict | None = None) -> str:
+    """The page (incr/ui_page.html: its own style and script, nothing from elsewhere). With
+    ``snap`` it is static (``incr graph --format html``: the data embedded, ``alt`` the other
+    view, with or without superseded instances); without, it asks the server of ``incr ui``
+    for its data and refreshes when the store changes."""
+    from importlib import resources
+    tpl = resources.files("incr").joinpath("ui_page.html").read_text(encoding="utf-8")
+    data = "null" if snap is None else json.dumps(
+        {"current": snap, "alt": alt}).replace("</", "<\\/")
+    return (tpl.replace("{{TITLE}}", _html.escape(title))
+               .replace("{{DATA}}", data))

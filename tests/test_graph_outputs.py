@@ -15,6 +15,7 @@ import pytest
 
 import incr
 from incr.cli import main
+from incr.graph import STATUS_COLOUR
 
 # what each program reads, by label: (what is read, what reads it)
 SHEET = {("items", "subtotal()"), ("tax_rate", "tax()"),
@@ -205,26 +206,80 @@ def chromium():
 MEASURE = """() => {
   const svg = document.getElementById('graph').getBoundingClientRect();
   const sx = window.scrollX, sy = window.scrollY;
-  const nodes = [...document.querySelectorAll('.node')].map(g => {
-    const r = g.querySelector('rect').getBoundingClientRect();
-    const t = g.querySelector('text.label').getBoundingClientRect();
-    return {id: g.dataset.id, kind: g.dataset.kind, label: g.querySelector('title').textContent,
-            r: [r.left + sx, r.top + sy, r.right + sx, r.bottom + sy],
-            t: [t.left + sx, t.top + sy, t.right + sx, t.bottom + sy]};
+  const box = e => { const r = e.getBoundingClientRect();
+                     return [r.left + sx, r.top + sy, r.right + sx, r.bottom + sy]; };
+  const nodes = [...document.querySelectorAll('#graph g.node')].map(g => {
+    const texts = [...g.querySelectorAll('text')];
+    const kind = [...g.classList].find(c => c.startsWith('kind-')).slice(5);
+    return {id: g.id, kind, label: texts[0].textContent,
+            superseded: g.classList.contains('superseded'),
+            fill: g.querySelector('path,polygon').getAttribute('fill'),
+            r: box(g.querySelector('path,polygon')), t: texts.map(box)};
   });
-  const edges = [...document.querySelectorAll('path.edge')].map(p => {
+  const edges = [...document.querySelectorAll('#graph g.edge')].map(g => {
+    const [kind, from, to] = g.id.split(':');
+    const p = g.querySelector('path');
     const n = p.getTotalLength(), pts = [];
     const m = p.getScreenCTM();
     for (let i = 0; i <= 80; i++) {
       const q = p.getPointAtLength(n * i / 80);
-      pts.push([q.x * m.a + m.e + sx, q.y * m.d + m.f + sy]);
+      pts.push([q.x * m.a + q.y * m.c + m.e + sx, q.x * m.b + q.y * m.d + m.f + sy]);
     }
-    return {from: p.dataset.from, to: p.dataset.to, kind: p.dataset.kind, pts};
+    return {from, to, kind, pts};
   });
+  // what can be scrolled to: the drawing's box scrolls; so does the page
+  const w = document.getElementById('wrap'), wr = box(w);
   return {nodes, edges, page: [document.documentElement.scrollWidth,
                                document.documentElement.scrollHeight],
+          area: [wr[0] - w.scrollLeft, wr[1] - w.scrollTop,
+                 wr[0] - w.scrollLeft + w.scrollWidth, wr[1] - w.scrollTop + w.scrollHeight],
           svg: [svg.left + sx, svg.top + sy, svg.right + sx, svg.bottom + sy]};
 }"""
+
+
+def table_rows(page, selector):
+    """The text of each cell, per row, of the tables ``selector`` finds (header rows left out)."""
+    return page.evaluate("""sel => [...document.querySelectorAll(sel)].map(t =>
+        [...t.querySelectorAll('tr')].filter(r => r.querySelector('td'))
+          .map(r => [...r.querySelectorAll('td')].map(c => c.innerText.trim())))""", selector)
+
+
+def check_drawing(m, truth_deps, truth_verdicts, g):
+    """What the browser drew is the trace: the same nodes (ids), the same dependencies and
+    verdict edges (by label), every box visible with its label inside, no two boxes
+    overlapping, no edge through a box it does not connect."""
+    labels = {n["id"]: n["label"] for n in m["nodes"]}
+    deps = {(labels[e["from"]], labels[e["to"]]) for e in m["edges"] if e["kind"] == "dep"}
+    verdicts = {(labels[e["from"]], labels[e["to"]]) for e in m["edges"]
+                if e["kind"] == "verdict"}
+    assert deps == truth_deps
+    assert verdicts == truth_verdicts
+    assert sorted(labels) == sorted(g["nodes"])   # node count and ids match the trace
+    boxes = {n["id"]: n["r"] for n in m["nodes"]}
+    W, H = m["page"]
+    A = m["area"]
+    assert A[0] >= 0 and A[2] <= W, "the drawing's box is wider than the page"
+    for n in m["nodes"]:   # visible: inside the drawing and the page, its label in its box
+        x0, y0, x1, y1 = n["r"]
+        assert x1 - x0 > 20 and y1 - y0 > 10, n
+        assert m["svg"][0] - 0.5 <= x0 and x1 <= m["svg"][2] + 0.5 \
+            and m["svg"][1] - 0.5 <= y0 and y1 <= m["svg"][3] + 0.5, n
+        assert A[0] <= x0 and x1 <= A[2] and A[1] <= y0 and y1 <= A[3], n
+        for t in n["t"]:
+            assert x0 <= t[0] and t[2] <= x1 + 0.5, ("label overflows", n)
+    ids = list(boxes)
+    for i, a in enumerate(ids):   # no two boxes overlap
+        for b in ids[i + 1:]:
+            ra, rb = boxes[a], boxes[b]
+            assert ra[2] <= rb[0] or rb[2] <= ra[0] or ra[3] <= rb[1] or rb[3] <= ra[1], \
+                (labels[a], labels[b])
+    for e in m["edges"]:   # no edge passes through a box it does not connect
+        for k, (x0, y0, x1, y1) in boxes.items():
+            if k in (e["from"], e["to"]):
+                continue
+            inside = [p for p in e["pts"] if x0 + 1 < p[0] < x1 - 1 and y0 + 1 < p[1] < y1 - 1]
+            assert not inside, (labels[e["from"]], labels[e["to"]], "crosses", labels[k])
+    return labels
 
 
 def test_html_in_chromium_draws_only_real_dependencies_and_every_node(shared, tmp_path):
@@ -232,49 +287,57 @@ def test_html_in_chromium_draws_only_real_dependencies_and_every_node(shared, tm
     assert main(["graph", shared, "--format", "html", "-o", str(out)]) == 0
     pw, browser = chromium()
     try:
-        page = browser.new_page(viewport={"width": 1000, "height": 700})
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(out.as_uri())
+        page.check("#actual")        # actual size: the boxes as Graphviz sized them
         m = page.evaluate(MEASURE)
-        labels = {n["id"]: n["label"] for n in m["nodes"]}
-        deps = {(labels[e["from"]], labels[e["to"]]) for e in m["edges"] if e["kind"] == "dep"}
-        verdicts = {(labels[e["from"]], labels[e["to"]]) for e in m["edges"]
-                    if e["kind"] == "verdict"}
-        assert deps == SHEET | SQL | FILES
-        assert verdicts == SQL_VERDICTS
-        g = graph_json(shared)
-        assert sorted(labels) == sorted(g["nodes"])   # node count and ids match the trace
+        check_drawing(m, SHEET | SQL | FILES, SQL_VERDICTS, graph_json(shared))
         kinds = {n["label"]: n["kind"] for n in m["nodes"]}
         assert kinds["write_sql('q')"] == "llm" and kinds["sql_checks"] == "validator"
-        boxes = {n["id"]: n["r"] for n in m["nodes"]}
-        W, H = m["page"]
-        for n in m["nodes"]:   # visible: inside the drawing and the page, its label in its box
-            x0, y0, x1, y1 = n["r"]
-            assert x1 - x0 > 20 and y1 - y0 > 10, n
-            assert m["svg"][0] <= x0 and x1 <= m["svg"][2] and m["svg"][1] <= y0 \
-                and y1 <= m["svg"][3], n
-            assert 0 <= x0 and x1 <= W and 0 <= y0 and y1 <= H, n
-            assert x0 <= n["t"][0] and n["t"][2] <= x1 + 0.5, ("label overflows", n)
-        ids = list(boxes)
-        for i, a in enumerate(ids):   # no two boxes overlap
-            for b in ids[i + 1:]:
-                ra, rb = boxes[a], boxes[b]
-                assert ra[2] <= rb[0] or rb[2] <= ra[0] or ra[3] <= rb[1] or rb[3] <= ra[1], \
-                    (labels[a], labels[b])
-        for e in m["edges"]:   # no edge passes through a box it does not connect
-            for k, (x0, y0, x1, y1) in boxes.items():
-                if k in (e["from"], e["to"]):
-                    continue
-                inside = [p for p in e["pts"] if x0 + 1 < p[0] < x1 - 1 and y0 + 1 < p[1] < y1 - 1]
-                assert not inside, (labels[e["from"]], labels[e["to"]], "crosses", labels[k])
-        # clicking an LLM node shows its status and its validators' verdicts
+        assert kinds["price:apples"] == "input" and kinds["total()"] == "cell"
+        fill = {n["label"]: n["fill"] for n in m["nodes"]}
+        assert fill["write_sql('q')"] == STATUS_COLOUR["stable"]
+        # clicking an LLM node shows its status, its validators' verdicts and its attempts
         llm = next(n["id"] for n in m["nodes"] if n["label"] == "write_sql('q')")
-        page.locator(f'g.node[data-id="{llm}"]').click()
-        details = json.loads(page.locator("#details").inner_text())
-        assert details["status"] == "stable"
-        assert details["verdicts"] == [{"validator": "sql_checks", "ACK": 2, "NACK": 0,
-                                        "UNKNOWN": 0}]
+        page.locator(f'[id="{llm}"]').click()
+        assert page.locator("#llm-status").inner_text().startswith("stable, candidate revision 2")
+        rows = table_rows(page, "#details table.verdicts")
+        assert rows[0] == [["sql_checks", "ACK", "counts_paid", ""],
+                           ["sql_checks", "ACK", "excludes_refunds", ""]]
+        nack = [r for t in rows[1:] for r in t if r[1] == "NACK"]
+        assert nack and all("expected 1, got 2" in r[-1] for r in nack), rows
+        cands = page.locator("#details pre.candidate").all_inner_texts()
+        assert cands == ["SELECT COUNT(*) FROM orders WHERE status = 'paid'",
+                         "SELECT COUNT(*) FROM orders WHERE status = 'paid' AND refunded = 0"]
+        assert "accepted" in page.locator("#details").inner_text()
         if os.environ.get("INCR_SCREENSHOT"):
             page.screenshot(path=os.environ["INCR_SCREENSHOT"], full_page=True)
     finally:
         browser.close()
         pw.stop()
+
+
+def test_svg_is_graphviz_layout_of_the_same_graph(shared, capsys):
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot is not installed (Debian: apt-get install graphviz)")
+    assert main(["graph", shared, "--format", "svg"]) == 0
+    text = capsys.readouterr().out
+    import xml.etree.ElementTree as ET
+    root = ET.fromstring(text)
+    ns = "{http://www.w3.org/2000/svg}"
+    gs = list(root.iter(ns + "g"))
+    nodes = {g.get("id") for g in gs if "node" in g.get("class", "").split()}
+    edges = {g.get("id") for g in gs if "edge" in g.get("class", "").split()}
+    g = graph_json(shared)
+    assert nodes == set(g["nodes"])
+    assert edges == {f"dep:{a}:{b}" for a, b in g["edges"]} | {
+        f"verdict:{v['node']}:{v['validator']}" for v in g["verdicts"]}
+
+
+def test_without_graphviz_the_drawings_say_what_to_install(shared, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))          # no `dot` on it
+    for fmt in ("svg", "html"):
+        assert main(["graph", shared, "--format", fmt, "-o", str(tmp_path / "x")]) == 1
+        err = capsys.readouterr().err
+        assert "Graphviz's `dot`" in err and "apt-get install graphviz" in err, err
+    assert main(["graph", shared, "--format", "dot"]) == 0   # DOT itself needs no Graphviz

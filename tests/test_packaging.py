@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import incr
 
 PUBLIC = {
@@ -110,3 +112,81 @@ def test_sdist_builds_and_installs_as_a_wheel(tmp_path):
     assert any(f.startswith("incr/_core.") and f.endswith(".so") for f in files), files
     assert not any(f.endswith("_core.c") or f.endswith("_core.pyx") for f in files)
     assert any(f.endswith("licenses/LICENSE") for f in files)
+
+
+@pytest.mark.hang_limit(3600)   # two builds of the Cython core and a pip install: minutes
+def test_ci_build_sdist_and_wheel_then_install_the_sdist_in_a_fresh_venv(tmp_path):
+    """What a packager does, from a clean copy of the tracked files: ``python -m build`` (the
+    sdist, then the wheel built from that sdist, each in an isolated environment), then the
+    sdist installed by pip in a fresh virtual environment, imported and run from there.
+
+    Nothing names the Cython files: the sdist must carry every tracked ``.pyx``/``.pxd``/
+    ``.pxi`` under incr/, the wheel a compiled module per ``.pyx`` and no ``.c``/``.pyx``.
+    Run by .ci/run (INCR_CI_PACKAGING=1): it needs the package index and minutes of compiling."""
+    import json
+    import os
+    import tarfile
+    import zipfile
+
+    if os.environ.get("INCR_CI_PACKAGING") != "1":
+        pytest.skip("the CI packaging check: set INCR_CI_PACKAGING=1 (as .ci/run does); it "
+                    "builds in isolated environments and installs in a fresh venv from the "
+                    "package index")
+    root = Path(__file__).resolve().parent.parent
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+    assert tracked.returncode == 0, f"not a git checkout: {tracked.stderr}"
+    src = tmp_path / "src"
+    names = [n for n in tracked.stdout.splitlines() if (root / n).is_file()]
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / name, src / name)
+    cython = sorted(n for n in names if n.startswith("incr/")
+                    and n.rsplit(".", 1)[-1] in ("pyx", "pxd", "pxi"))
+    modules = sorted(n[:-4] for n in cython if n.endswith(".pyx"))
+    assert "incr/_core" in modules, cython
+    dist = tmp_path / "dist"
+    out = subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(src)],
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "SetuptoolsDeprecationWarning" not in out.stdout + out.stderr, out.stderr[-3000:]
+    sdist = next(dist.glob("incr-*.tar.gz"))
+    in_sdist = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+    assert set(cython) <= in_sdist, set(cython) - in_sdist
+    assert "incr/ui_page.html" in in_sdist
+    assert not any(n.startswith("incr/") and n.endswith(".c") for n in in_sdist)
+    wheel = next(dist.glob("incr-*.whl"))
+    files = zipfile.ZipFile(wheel).namelist()
+    assert not [f for f in files if f.endswith((".c", ".pyx"))], files
+    for m in modules:
+        assert any(f.startswith(m + ".") and f.endswith((".so", ".pyd")) for f in files), \
+            (m, files)
+    assert "incr/ui_page.html" in files and "incr/py.typed" in files
+    # the sdist, installed by pip into a fresh venv (its own build, from the sdist alone)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    out = subprocess.run([str(py), "-m", "pip", "install", "-q", str(sdist)],
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    work = tmp_path / "elsewhere"      # not the source tree: the installed package is imported
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    code = ("import json, incr, incr._core, incr.ui; "
+            "print(json.dumps([incr.__file__, incr._core.__file__, incr.__version__]))")
+    out = subprocess.run([str(py), "-c", code], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    init, core, version = json.loads(out.stdout)
+    assert init.startswith(str(venv)) and core.startswith(str(venv)), (init, core)
+    exe = venv / "bin" / "incr"
+    out = subprocess.run([str(exe), "--help"], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "incremental computation" in out.stdout, out.stderr
+    for sub in ("demo", "inspect", "graph", "ui", "gc"):
+        assert sub in out.stdout
+    out = subprocess.run([str(exe), "demo", "--sheet", "--store", str(work / "s")], cwd=work,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "total =" in out.stdout, out.stderr
+    out = subprocess.run([str(exe), "--version"], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == f"incr {version}"

@@ -1,0 +1,158 @@
+"""``incr ui STORE``: the stored trace as a live local web page.
+
+A small HTTP server from the standard library (``http.server``, one thread per request) on
+127.0.0.1 serves the page (``incr/ui_page.html``, the same page as ``incr graph --format
+html``) and two JSON endpoints:
+
+- ``/api/stamp``: what identifies the store's current state (LMDB's last transaction id); the
+  page asks for it every second and, when it moved, for
+- ``/api/snapshot?all=0|1``: everything drawn and shown (``incr.graph.snapshot``), with or
+  without superseded instances.
+
+Every request opens the store read-only (an LMDB reader: it never writes, never waits for a
+writer, and sees the last commit of a program running on the same store), reads one snapshot
+and closes it again, so ``incr gc --compact`` is not kept waiting between requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import lmdb
+
+from incr import graph
+from incr.errors import StoreError
+from incr.store import FORMAT, Store, _begin, _explain
+
+
+class ReadOnlyStore(Store):
+    """A store opened as an LMDB reader: nothing written (not even the run counter), never
+    created. The reading methods of ``Store`` work on it (iter_records, iter_nodes, usage,
+    programs_usage)."""
+
+    def __init__(self, path: Any):
+        super().__init__(path, count_run=False, create=False)
+
+    def _open_env(self, path: str) -> None:
+        try:
+            env = lmdb.open(path, readonly=True, lock=True, max_dbs=12, subdir=True,
+                            readahead=False, max_readers=256)
+        except lmdb.Error as e:
+            raise _explain(path, e, "opening it to read") from None
+        try:
+            # (each opened in a read transaction of its own, committed: LMDB shares a handle
+            # with later transactions only once the one that opened it has committed)
+            for name in ("meta", "entries", "used", "nodes", "log", "index", "runs",
+                         "programs", "used_by"):
+                setattr(self, name, env.open_db(name.encode(), create=False))
+            with _begin(env) as txn:
+                fmt = txn.get(b"format", db=self.meta)
+                if fmt != str(FORMAT).encode():
+                    raise StoreError(f"store {path} has format {(fmt or b'?')[:20]!r}; this "
+                                     f"version of incr reads format {FORMAT}")
+                self.run = int(txn.get(b"runs", b"0", db=self.meta))
+            self.stamp_value = env.info()["last_txnid"]
+        except StoreError:
+            env.close()
+            raise
+        except lmdb.NotFoundError:
+            env.close()
+            raise StoreError(f"store {path} lacks a database of format {FORMAT} (written by "
+                             f"another version of incr?)") from None
+        except lmdb.Error as e:
+            env.close()
+            raise _explain(path, e, "reading it") from None
+        except ValueError:
+            env.close()
+            raise StoreError(f"store {path} has a damaged meta record") from None
+        self.env = env
+        self.pid = os.getpid()
+
+
+# one reader at a time in this process (LMDB opens an environment once per process)
+_lock = threading.Lock()
+
+
+def stamp(path: str) -> str:
+    """What changes whenever a program commits to the store at ``path``."""
+    with _lock:
+        s = ReadOnlyStore(path)
+        try:
+            return f"{s.stamp_value}:{s.run}"
+        finally:
+            s.close()
+
+
+def read(path: str, all_versions: bool) -> dict:
+    """``incr.graph.snapshot`` of the store at ``path``, read in one go, with its stamp."""
+    with _lock:
+        s = ReadOnlyStore(path)
+        try:
+            snap = graph.snapshot(s, all_versions=all_versions)
+            snap["stamp"] = f"{s.stamp_value}:{s.run}"
+            return snap
+        finally:
+            s.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "incr-ui"
+    store_path = ""
+    title = ""
+
+    def log_message(self, fmt, *args):   # quiet: the terminal shows where the page is
+        pass
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, obj: Any, code: int = 200) -> None:
+        self._send(code, json.dumps(obj).encode(), "application/json")
+
+    def do_GET(self):
+        url = urlsplit(self.path)
+        port = self.server.server_address[1]
+        if self.headers.get("Host") not in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            # another name resolving to this machine (DNS rebinding): a web page elsewhere
+            # must not read the store through the user's browser
+            self._send(403, b"incr ui answers to http://127.0.0.1:PORT/ only", "text/plain")
+            return
+        try:
+            if url.path in ("/", "/index.html"):
+                self._send(200, graph.page(self.title).encode(), "text/html; charset=utf-8")
+            elif url.path == "/api/stamp":
+                self._json({"stamp": stamp(self.store_path)})
+            elif url.path == "/api/snapshot":
+                q = parse_qs(url.query)
+                self._json(read(self.store_path, q.get("all", ["0"])[0] == "1"))
+            elif url.path == "/favicon.ico":
+                self._send(204, b"", "image/x-icon")
+            else:
+                self._send(404, b"not found", "text/plain")
+        except StoreError as e:
+            self._json({"error": str(e)}, 503)
+
+
+def serve(path: str, port: int = 0, host: str = "127.0.0.1"):
+    """Start serving the page of the store at ``path`` in a daemon thread; returns the server
+    (its URL: ``server.url``; stop it with ``server.shutdown()``). StoreError if there is no
+    store there."""
+    stamp(path)   # fails now, with the store's message, if there is nothing to show
+    handler = type("Handler", (_Handler,), {"store_path": path, "title": path})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    server.url = f"http://{host}:{server.server_address[1]}/"
+    t = threading.Thread(target=server.serve_forever, name="incr-ui", daemon=True)
+    t.start()
+    server.thread = t
+    return server
