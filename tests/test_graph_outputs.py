@@ -300,14 +300,16 @@ def test_html_in_chromium_draws_only_real_dependencies_and_every_node(shared, tm
         # clicking an LLM node shows its status, its validators' verdicts and its attempts
         llm = next(n["id"] for n in m["nodes"] if n["label"] == "write_sql('q')")
         page.locator(f'[id="{llm}"]').click()
-        assert page.locator("#llm-status").inner_text().startswith("stable, candidate revision 2")
+        assert page.locator("#llm-status").inner_text().startswith("stable, candidate revision 3")
         rows = table_rows(page, "#details table.verdicts")
         assert rows[0] == [["sql_checks", "ACK", "counts_paid", ""],
                            ["sql_checks", "ACK", "excludes_refunds", ""]]
-        nack = [r for t in rows[1:] for r in t if r[1] == "NACK"]
-        assert nack and all("expected 1, got 2" in r[-1] for r in nack), rows
+        nack = {r[2]: r[-1] for t in rows[1:] for r in t if r[1] == "NACK"}
+        assert "expected 1, got 2" in nack["excludes_refunds"], rows     # revision 1
+        assert "expected 2, got 3" in nack["counts_paid"], rows          # revision 2, reverted
         cands = page.locator("#details pre.candidate").all_inner_texts()
         assert cands == ["SELECT COUNT(*) FROM orders WHERE status = 'paid'",
+                         "SELECT COUNT(*) FROM orders WHERE refunded = 0",
                          "SELECT COUNT(*) FROM orders WHERE status = 'paid' AND refunded = 0"]
         assert "accepted" in page.locator("#details").inner_text()
         if os.environ.get("INCR_SCREENSHOT"):
