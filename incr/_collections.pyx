@@ -9,6 +9,8 @@ order, so ``reduce(op)`` needs ``op`` associative only (not commutative).
 
 cimport cython
 from cpython.object cimport PyObject_RichCompareBool, Py_LT, Py_GT
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem
+from cpython.ref cimport PyObject
 
 _EMPTY = object()
 
@@ -256,6 +258,10 @@ cdef class FoldTree:
     def __contains__(self, key):
         return key in self.index
 
+    def keys(self):
+        """The keys, in key order."""
+        return [k for k, _ in self.items()]
+
     def items(self):
         """(key, value) pairs in key order."""
         cdef list out = []
@@ -315,4 +321,96 @@ cdef class FoldTree:
         ks = [k for k, _ in self.items()]
         if any(not (a < b) for a, b in zip(ks, ks[1:])):
             raise AssertionError("key order")
+        return True
+
+
+cdef inline bint _is_int(object v):
+    # exact int or bool: integer addition is exact, associative and commutative, so a running
+    # total updated by differences is the sum in any order (the tree's, the key order's)
+    return type(v) is int or type(v) is bool
+
+
+@cython.final
+cdef class SumFold:
+    """The sum of a keyed collection of values, for ``IncrMap.sum``.
+
+    While every value is an ``int`` (or ``bool``) it keeps a dict of the values and a running
+    total: one changed key is one subtraction and one addition (O(1), exact, no tree). The
+    first value of another type (a float, a Decimal, a str...) moves everything into a
+    ``FoldTree("sum")`` once (O(n)), which then combines in key order as before.
+    ``n_delta`` / ``n_tree`` count the updates each path took (for tests).
+    """
+
+    def __init__(self, identity=0):
+        self.vals = {}
+        self.total = 0
+        self.tree = None
+        self.identity = identity
+        self.n_delta = 0
+        self.n_tree = 0
+
+    @property
+    def mode(self):
+        """``"int"`` (running total) or ``"tree"``."""
+        return "int" if self.tree is None else "tree"
+
+    cdef void to_tree(self) except *:
+        cdef FoldTree t = FoldTree("sum", identity=self.identity)
+        for k, v in self.vals.items():
+            t.set(k, v)
+        self.tree = t
+        self.vals = None
+        self.total = None
+
+    cpdef set(self, object key, object value):
+        cdef PyObject *old
+        if self.tree is None:
+            if _is_int(value):
+                old = PyDict_GetItem(self.vals, key)
+                if old == NULL:
+                    self.total = self.total + value
+                else:
+                    self.total = (self.total - <object>old) + value
+                PyDict_SetItem(self.vals, key, value)
+                self.n_delta += 1
+                return
+            self.to_tree()
+        self.tree.set(key, value)
+        self.n_tree += 1
+
+    cpdef bint delete(self, object key) except -1:
+        cdef PyObject *old
+        if self.tree is None:
+            old = PyDict_GetItem(self.vals, key)
+            if old == NULL:
+                return False
+            self.total = self.total - <object>old
+            PyDict_DelItem(self.vals, key)
+            self.n_delta += 1
+            return True
+        self.n_tree += 1
+        return self.tree.delete(key)
+
+    @property
+    def value(self):
+        """The sum of every value, or the identity when there is none."""
+        if self.tree is not None:
+            return self.tree.value
+        if not self.vals:
+            return self.identity
+        return self.total
+
+    def keys(self):
+        if self.tree is not None:
+            return [k for k, _ in self.tree.items()]
+        return list(self.vals)
+
+    def __len__(self):
+        return len(self.vals) if self.tree is None else len(self.tree)
+
+    def _check(self):
+        if self.tree is not None:
+            return self.tree._check()
+        if self.total != sum(self.vals.values()):
+            raise AssertionError(f"running total {self.total!r} != {sum(self.vals.values())!r}")
         return True

@@ -19,7 +19,9 @@ How it propagates (read this before changing anything here):
   instances read besides their arguments (``_ext``), and re-demands only the keys whose
   instance read a dependency that changed. A plain function is called directly; anything it
   reads makes a change there re-run it for every key;
-- folds keep a ``FoldTree`` (incr._collections, compiled): one key changed is one root path.
+- folds keep a ``FoldTree`` (incr._collections, compiled): one key changed is one root path;
+  ``sum`` over int values keeps a running total instead (``SumFold``: O(1) per changed key,
+  moving to a tree at the first value that is not an int).
 
 Collection cells are never written to the store (their state lives in this process and is
 rebuilt at the first demand); the ``map`` instances they demand are ordinary cells and are
@@ -31,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from incr._collections import FoldTree
+from incr._collections import FoldTree, SumFold
 from incr._core import EQUAL, Cell, Input, current, untracked
 from incr.errors import _Deferred
 
@@ -767,12 +769,14 @@ class Fold(_Node):
         self._acc = identity
         self._vals: dict = {}
         self._tree = None
-        if kind in ("sum", "min", "max", "top_k", "reduce"):
+        if kind == "sum":
+            self._tree = SumFold(identity)
+        elif kind in ("min", "max", "top_k", "reduce"):
             self._tree = FoldTree(kind, op=op, identity=identity, k=k)
 
     def _own_keys(self) -> list:
         if self._tree is not None:
-            return [k for k, _ in self._tree.items()]
+            return self._tree.keys()
         return list(self._vals)
 
     def _drive(self) -> Any:

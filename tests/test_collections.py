@@ -256,3 +256,50 @@ def test_docs_collections_examples_run():
     assert len(blocks) >= 2
     for block in blocks:
         exec(compile(block, "docs/collections.md", "exec"), {})  # noqa: S102 - our docs
+
+
+def test_sum_fold_int_path_and_tree_fallback():
+    # the same random operations on SumFold (running total while every value is an int) and on
+    # FoldTree("sum"); counts say which path ran
+    from incr._collections import SumFold
+    rnd = random.Random(5)
+    s, t, d = SumFold(0), FoldTree("sum", identity=0), {}
+    for _ in range(3000):
+        k = rnd.randrange(200)
+        if rnd.random() < 0.3:
+            assert s.delete(k) == t.delete(k) == (k in d)
+            d.pop(k, None)
+        else:
+            v = rnd.choice([rnd.randrange(-50, 50), True, 2 ** 70 + rnd.randrange(9)])
+            s.set(k, v)
+            t.set(k, v)
+            d[k] = v
+        assert s.value == t.value == sum(d.values())
+    assert s.mode == "int" and s.n_tree == 0 and s.n_delta == 3000
+    assert sorted(s.keys()) == sorted(d) and len(s) == len(d)
+    s._check()
+    s.set(7, 0.5)                          # the first float: everything moves to a tree once
+    d[7] = 0.5
+    assert s.mode == "tree" and s.n_tree == 1
+    s.set(8, 3)
+    d[8] = 3
+    assert s.value == sum(d[k] for k in sorted(d))
+    assert s.keys() == sorted(d)
+    s._check()
+    assert SumFold("empty").value == "empty"
+
+
+def test_collection_sum_float_values_after_ints():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {i: i for i in range(10)})
+    total = m.sum()
+    o = rt.observe(total)
+    rt.stabilize()
+    assert o.value == 45 and total._tree.mode == "int"
+    m.set(3, 0.25)
+    rt.stabilize()
+    assert o.value == 42.25 and total._tree.mode == "tree"
+    m.delete(3)
+    m.set(4, 1.5)
+    rt.stabilize()
+    assert o.value == 45 - 3 - 4 + 1.5
