@@ -16,6 +16,32 @@ _EMPTY = object()
 
 
 @cython.final
+cdef class Stamp:
+    """The value of an input map's anchor input: a change counter that the store cannot
+    encode (so nothing that reads it is ever recorded)."""
+
+    cdef readonly long long n
+
+    def __init__(self, long long n):
+        self.n = n
+
+    def __eq__(self, other):
+        return type(other) is Stamp and (<Stamp>other).n == self.n
+
+    def __ne__(self, other):
+        return not (type(other) is Stamp and (<Stamp>other).n == self.n)
+
+    def __hash__(self):
+        return hash(self.n)
+
+    def __repr__(self):
+        return f"<change {self.n}>"
+
+    def __reduce__(self):
+        raise TypeError("an input map's change counter is not stored or copied")
+
+
+@cython.final
 @cython.no_gc
 cdef class TNode:
     # Not tracked by the cyclic collector: a million keys are a million nodes, and the nodes

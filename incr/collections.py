@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from incr._collections import FoldTree, SumFold
+from incr._collections import FoldTree, Stamp, SumFold
 from incr._core import EQUAL, Cell, Input, current, untracked
 from incr.errors import _Deferred
 
@@ -51,25 +51,6 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:
         return False
-
-
-class _Stamp:
-    """The value of a map's anchor input: a change counter that the store cannot encode (so
-    nothing that reads it is ever recorded)."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Stamp and other.n == self.n  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash(self.n)
-
-    def __repr__(self) -> str:
-        return f"<change {self.n}>"
 
 
 _KINDS = {bool: "number", int: "number", float: "number", str: "str", bytes: "bytes",
@@ -160,22 +141,28 @@ class _Node(Cell):
     def __call__(self) -> Any:  # type: ignore[override]
         return self._demand()
 
+    def _refresh(self) -> None:
+        # inside a running node: bring this map up to date, recording the read
+        Cell.__call__(self)
+
     def __repr__(self) -> str:
         return f"<incr {type(self).__name__} {self.label}>"
 
     # -- pulling changes from an upstream map ----------------------------------------------
 
-    def _pull(self, up: IncrMap, slot: str, own: Any) -> None:
-        # the keys of `up` changed since this node last looked go to _pending
-        up._demand()
-        seen = getattr(self, slot)
-        ch = up._since(seen)
-        if ch is None:       # first run, or fell behind a trimmed log: everything
+    def _pull(self, up: IncrMap, seen: int, own: Any) -> int:
+        # the keys of `up` changed since log position `seen` go to _pending; returns the
+        # position to remember
+        up._refresh()
+        log = up._log
+        start = up._log_start
+        end = start + len(log)
+        if seen < start:     # first run, or fell behind a trimmed log: everything
             self._pending.update(up._data)
             self._pending.update(own() if callable(own) else own)
-        else:
-            self._pending.update(ch)
-        setattr(self, slot, up._version)
+        elif seen < end:
+            self._pending.update(log[seen - start:])
+        return end
 
 
 class IncrMap(_Node):
@@ -197,6 +184,7 @@ class IncrMap(_Node):
         self._sorted: list | None = None
         self._kind: str | None = None
         self._ran_from = 0          # log position at the start of the last run
+        self._vcache: MapView | None = None
 
     # -- the change log ----------------------------------------------------------------------
 
@@ -217,22 +205,38 @@ class IncrMap(_Node):
             del log[:h]
             self._log_start += h
 
+    def _check_kind(self, key: Any) -> str:
+        kind = _key_kind(key, self.label)
+        if self._kind is not None and self._data and kind != self._kind:
+            raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
+                            f"other keys (all keys of a map are of one kind: numbers, "
+                            f"str, bytes or tuples)")
+        return kind
+
     def _put(self, key: Any, value: Any) -> bool:
+        # (hot: _same and _emit written out)
         data = self._data
         old = data.get(key, _ABSENT)
         if old is _ABSENT:
-            kind = _key_kind(key, self.label)
+            kind = self._check_kind(key)
             if self._kind is None or not data:
                 self._kind = kind
-            elif kind != self._kind:
-                raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
-                                f"other keys (all keys of a map are of one kind: numbers, "
-                                f"str, bytes or tuples)")
             self._sorted = None
-        elif _same(old, value):
+        elif old is value:
             return False
+        elif type(old) is type(value):
+            try:
+                if old == value:
+                    return False
+            except Exception:
+                pass
         data[key] = value
-        self._emit(key)
+        log = self._log
+        log.append(key)
+        if len(log) > self._LOG_MIN and len(log) > len(data):
+            h = len(log) // 2
+            del log[:h]
+            self._log_start += h
         return True
 
     def _del(self, key: Any) -> bool:
@@ -248,7 +252,11 @@ class IncrMap(_Node):
         return self._sorted
 
     def _view(self) -> MapView:
-        return MapView(self, self._version)
+        v = self._log_start + len(self._log)
+        c = self._vcache
+        if c is None or c._version != v:
+            c = self._vcache = MapView(self, v)
+        return c
 
     @property
     def last_changes(self) -> list:
@@ -378,7 +386,7 @@ class InputMap(IncrMap):
         if not isinstance(name, str) or not name:
             raise ValueError(f"input_map needs a non-empty str name, got {name!r}")
         self._stamp = 0
-        self._anchor = rt.input(name, _Stamp(0))   # reserves the name; ValueError if taken
+        self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
         IncrMap.__init__(self, rt, name)
         self._key_inputs: dict = {}
         if mapping is not None:
@@ -395,14 +403,19 @@ class InputMap(IncrMap):
 
     def _drive(self) -> MapView:
         self._anchor.get()
-        self._ran_from = self._version
+        self._ran_from = self._log_start + len(self._log)
         return self._view()
+
+    def _refresh(self) -> None:
+        # a consumer reads the anchor itself: an input map is up to date by construction,
+        # and its own cell need not run for every change
+        self._anchor.get()
 
     def _bump(self) -> None:
         # first: raises ReentrancyError (nothing changed) inside a computation
         self._stamp += 1
         try:
-            self._anchor.set(_Stamp(self._stamp))
+            self._anchor.set(Stamp(self._stamp))
         except BaseException:
             self._stamp -= 1
             raise
@@ -414,11 +427,30 @@ class InputMap(IncrMap):
 
     def set(self, key: Any, value: Any) -> None:
         """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
-        old = self._data.get(key, _ABSENT)
-        if old is not _ABSENT and _same(old, value):
+        data = self._data
+        old = data.get(key, _ABSENT)
+        if old is not _ABSENT:
+            if old is value or _same(old, value):
+                return
+        else:
+            self._check_kind(key)
+        if key not in self._key_inputs:
+            # one set of the anchor is one revision: no batch needed (the set raises
+            # ReentrancyError inside a computation, before anything changed)
+            n = self._stamp + 1
+            self._anchor.set(Stamp(n))
+            self._stamp = n
+            if old is _ABSENT:
+                self._put(key, value)
+                return
+            data[key] = value
+            log = self._log
+            log.append(key)
+            if len(log) > self._LOG_MIN and len(log) > len(data):
+                h = len(log) // 2
+                del log[:h]
+                self._log_start += h
             return
-        if old is _ABSENT:
-            _key_kind(key, self.label)
         with self._rt.batch():
             self._bump()
             self._put(key, value)
@@ -534,10 +566,14 @@ class _PerKeyFn:
         n0 = len(reads)
         v = self.fn(*args)
         if len(reads) > n0:
-            for dep in reads[n0:]:
-                if dep not in self.glob:
-                    self.glob[dep] = dep._changed_at
+            self.note(reads, n0)
         return v
+
+    def note(self, reads: list, n0: int) -> None:
+        # a plain function read reads[n0:]: a change there runs it again for every key
+        for dep in reads[n0:]:
+            if dep not in self.glob:
+                self.glob[dep] = dep._changed_at
 
     def _set_ext(self, key: Any, deps: tuple) -> None:
         old = self.key_ext.pop(key, ())
@@ -576,15 +612,31 @@ class _OneUp(IncrMap):
         pass
 
     def _drive(self) -> MapView:
+        # (hot: _pull written out)
         rt = self._rt
-        self._ran_from = self._version
-        self._pull(self._up, "_seen", self._data)
+        self._ran_from = self._log_start + len(self._log)
+        upn = self._up
+        upn._refresh()
+        ulog = upn._log
+        ustart = upn._log_start
+        uend = ustart + len(ulog)
+        seen = self._seen
+        pending = self._pending
+        if seen < ustart:     # first run, or fell behind a trimmed log: everything
+            pending.update(upn._data)
+            pending.update(self._data)
+        elif seen < uend:
+            pending.update(ulog[seen - ustart:])
+        self._seen = uend
         self._extra(rt)
-        up = self._up._data
+        if not pending:
+            self._track(rt)
+            return self._view()
+        up = upn._data
         results = {}
         deferred = None
         # phase 1: compute (may raise: nothing changed yet, the keys stay pending)
-        for key in self._pending:
+        for key in pending:
             v = up.get(key, _ABSENT)
             if v is _ABSENT:
                 results[key] = _ABSENT
@@ -598,7 +650,7 @@ class _OneUp(IncrMap):
             raise deferred
         # phase 2: apply
         self._apply(results)
-        self._pending.clear()
+        self._pending = set()
         self._track(rt)
         return self._view()
 
@@ -623,15 +675,28 @@ class _MapNode(_OneUp):
         self._fn = _PerKeyFn(self, fn)
 
     def _extra(self, rt: Any) -> None:
-        self._pending.update(self._fn.check(rt, self._up._data))
+        fn = self._fn
+        if fn.ext_seen or fn.glob:
+            self._pending.update(fn.check(rt, self._up._data))
 
     def _compute(self, key: Any, value: Any) -> Any:
-        return self._fn(self._rt, key, (key, value))
+        pk = self._fn
+        if pk.is_cell:
+            return pk(self._rt, key, (key, value))
+        # a plain function (hot: _PerKeyFn.__call__ written out)
+        reads = self._rt._reads()
+        n0 = len(reads)
+        v = pk.fn(key, value)
+        if len(reads) > n0:
+            pk.note(reads, n0)
+        return v
 
     def _track(self, rt: Any) -> None:
         # what the instances run in this pass read is a dependency of the map from now on
-        for dep in self._fn.ext_seen:
-            rt._read(dep)
+        ext = self._fn.ext_seen
+        if ext:
+            for dep in ext:
+                rt._read(dep)
 
     def _dropped(self, key: Any) -> None:
         self._fn.drop(key)
@@ -699,9 +764,9 @@ class _JoinNode(IncrMap):
         self._seen_l = self._seen_r = -1
 
     def _drive(self) -> MapView:
-        self._ran_from = self._version
-        self._pull(self._l, "_seen_l", self._data)
-        self._pull(self._r, "_seen_r", self._data)
+        self._ran_from = self._log_start + len(self._log)
+        self._seen_l = self._pull(self._l, self._seen_l, self._data)
+        self._seen_r = self._pull(self._r, self._seen_r, self._data)
         ld, rd, how = self._l._data, self._r._data, self._how
         for key in self._pending:
             a = ld.get(key, _ABSENT)
@@ -782,9 +847,19 @@ class Fold(_Node):
     def _drive(self) -> Any:
         up = self._up
         if self._kindname == "count":
-            up._demand()
+            up._refresh()
             return len(up._data)
-        self._pull(up, "_seen", self._own_keys)
+        up._refresh()
+        ulog = up._log
+        ustart = up._log_start
+        uend = ustart + len(ulog)
+        seen = self._seen
+        if seen < ustart:    # first run, or fell behind a trimmed log: everything
+            self._pending.update(up._data)
+            self._pending.update(self._own_keys())
+        elif seen < uend:
+            self._pending.update(ulog[seen - ustart:])
+        self._seen = uend
         data = up._data
         keys = list(self._pending)
         # a fresh set (popping a drained large set scans its whole table)
@@ -793,6 +868,14 @@ class Fold(_Node):
         i = 0
         try:
             if tree is not None:
+                if self._kindname == "sum" and len(keys) == 1:   # one changed key
+                    key = keys[0]
+                    v = data.get(key, _ABSENT)
+                    if v is _ABSENT:
+                        tree.delete(key)
+                    else:
+                        tree.set(key, v)
+                    return tree.value
                 keyfn = self._keyfn if self._kindname == "top_k" else None
                 for i, key in enumerate(keys):
                     v = data.get(key, _ABSENT)
