@@ -36,8 +36,9 @@ from typing import Any, Callable
 from incr._collections import FoldTree, Stamp, SumFold
 from incr._core import EQUAL, Cell, Input, current, untracked
 from incr.errors import _Deferred
+from incr.keys import register_type
 
-__all__ = ["IncrMap", "InputMap", "Fold", "MapView", "input_map"]
+__all__ = ["IncrMap", "InputMap", "Fold", "Group", "MapView", "input_map"]
 
 _ABSENT: Any = object()
 
@@ -110,6 +111,69 @@ class MapView(Mapping):
     def __repr__(self) -> str:
         n = self._node
         return f"<incr map {n.label}: {len(n._data)} keys>"
+
+
+class Group(Mapping):
+    """The value of one group of ``group_by``: a read-only mapping of the group's entries, in
+    key order.
+
+    Like a ``MapView`` it reads the group as it is now (as of its last stabilization or
+    demand), not a copy taken when it was made: a change to one entry costs O(1), not a new
+    dict of the whole group. Two groups of the same ``group_by`` are equal when they are the
+    same group at the same change; against any other mapping (a dict), equality compares the
+    entries. ``dict(group)`` or ``copy.copy(group)`` takes a snapshot (a dict).
+    """
+
+    __slots__ = ("_node", "_g", "_members", "_version")
+
+    def __init__(self, node: Any, g: Any, members: dict, version: int) -> None:
+        self._node = node
+        self._g = g
+        self._members = members
+        self._version = version
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._members[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._node._group_keys(self._g, self._members))
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._members
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is Group and other._node is self._node \
+                and type(other._g) is type(self._g) and other._g == self._g:  # type: ignore[attr-defined]
+            return other._version == self._version  # type: ignore[attr-defined]
+        if isinstance(other, Mapping):
+            return len(self) == len(other) and dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __copy__(self) -> dict:
+        return dict(self.items())
+
+    def __deepcopy__(self, memo: Any) -> dict:
+        import copy
+        return copy.deepcopy(dict(self.items()), memo)
+
+    def __repr__(self) -> str:
+        return f"Group({dict(self.items())!r})"
+
+
+def _encode_group(g: Group) -> tuple:
+    return tuple(g.items())
+
+
+def _decode_group(t: Any) -> dict:
+    return dict(t)
+
+
+register_type(Group, _encode_group, _decode_group)
 
 
 class _Node(Cell):
@@ -326,8 +390,9 @@ class IncrMap(_Node):
         return _JoinNode(self, other, how)
 
     def group_by(self, fn: Callable[[Any, Any], Any]) -> IncrMap:
-        """``{group: {key: value, ...}}`` with ``group = fn(key, value)``; each group's dict
-        is in key order and is rebuilt (O(its size)) when one of its entries changes."""
+        """``{group: Group}`` with ``group = fn(key, value)``: each ``Group`` is a read-only
+        mapping of that group's entries in key order, kept up to date in O(1) per changed
+        key (it reads the group as it is now; ``dict(group)`` takes a snapshot)."""
         return _GroupByNode(self, fn)
 
     def sum(self, start: Any = 0) -> Fold:
@@ -788,7 +853,9 @@ class _GroupByNode(_MapNode):
         _OneUp.__init__(self, up, f"{up.label}.group_by({_fn_label(fn)})")
         self._fn = _PerKeyFn(self, fn)
         self._group_of: dict = {}
-        self._members: dict = {}
+        self._members: dict = {}    # group -> {key: value} (live; a Group reads it)
+        self._gsorted: dict = {}    # group -> (its members dict, its keys sorted)
+        self._gver = 0
 
     def _compute(self, key: Any, value: Any) -> Any:
         g = self._fn(self._rt, key, (key, value))
@@ -811,11 +878,23 @@ class _GroupByNode(_MapNode):
             touched.add(g)
         for g in touched:
             mem = self._members.get(g)
+            self._gsorted.pop(g, None)
             if not mem:
                 self._members.pop(g, None)
                 self._del(g)
             else:
-                self._put(g, {k: mem[k] for k in sorted(mem)})
+                # O(1): a Group reads the live members; its version makes it unequal to the
+                # group's previous value (so the change is logged and cutoff does not stop it)
+                self._gver += 1
+                self._put(g, Group(self, g, mem, self._gver))
+
+    def _group_keys(self, g: Any, mem: dict) -> list:
+        c = self._gsorted.get(g)
+        if c is None or c[0] is not mem or len(c[1]) != len(mem):
+            c = (mem, sorted(mem))
+            if self._members.get(g) is mem:
+                self._gsorted[g] = c
+        return c[1]
 
 
 class Fold(_Node):

@@ -306,3 +306,43 @@ def test_collection_sum_float_values_after_ints():
     m.set(4, 1.5)
     rt.stabilize()
     assert o.value == 45 - 3 - 4 + 1.5
+
+
+def test_group_by_is_maintained_in_place():
+    # one changed key: its group's value is a new Group over the same live members dict (no
+    # copy of the group), unequal to the old one; a cell per group runs for that group only
+    import copy
+    from incr.collections import Group
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {i: i for i in range(3000)})
+    groups = m.group_by(lambda k, v: k % 3)
+    ran = []
+
+    @incr.cell
+    def size(g, members):
+        ran.append(g)
+        return len(members), sum(members.values())
+
+    sizes = rt.observe(groups.map(size))
+    obs = rt.observe(groups)
+    rt.stabilize()
+    assert sorted(ran) == [0, 1, 2]
+    g1 = obs.value[1]
+    assert type(g1) is Group and list(g1)[:3] == [1, 4, 7] and len(g1) == 1000
+    members = groups._members[1]
+    ran.clear()
+    m.set(4, -4)
+    rt.stabilize()
+    assert ran == [1]                                   # one group's instance, no other
+    new = obs.value[1]
+    assert new is not g1 and new != g1 and new._members is members   # updated in place
+    assert new == {k: (-4 if k == 4 else k) for k in range(1, 3000, 3)}
+    assert dict(sizes.value)[1] == (1000, sum(range(1, 3000, 3)) - 8)
+    snap = copy.copy(new)
+    assert type(snap) is dict and snap == new
+    m.set(4, 5)                                          # the same group, another value
+    m.delete(7)
+    m.set(3001, 1)                                       # new key joins group 1
+    rt.stabilize()
+    assert list(obs.value[1])[:3] == [1, 4, 10] and 3001 in obs.value[1]
+    rt._check()
