@@ -404,6 +404,21 @@ cdef class SumFold:
         self.tree.set(key, value)
         self.n_tree += 1
 
+    def load(self, dict data):
+        """Set every (key, value) of ``data`` into an empty SumFold, in one pass."""
+        if len(self) != 0:
+            raise ValueError("SumFold.load needs an empty SumFold")
+        cdef object total = 0
+        for v in data.values():
+            if not _is_int(v):
+                for k, v in data.items():
+                    self.set(k, v)
+                return
+            total = total + v
+        self.vals = dict(data)
+        self.total = total
+        self.n_delta += len(data)
+
     cpdef bint delete(self, object key) except -1:
         cdef PyObject *old
         if self.tree is None:

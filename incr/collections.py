@@ -249,6 +249,7 @@ class IncrMap(_Node):
         self._kind: str | None = None
         self._ran_from = 0          # log position at the start of the last run
         self._vcache: MapView | None = None
+        self._bulk_builds = 0       # runs that built the whole content at once (tests)
 
     # -- the change log ----------------------------------------------------------------------
 
@@ -456,8 +457,15 @@ class InputMap(IncrMap):
         self._key_inputs: dict = {}
         if mapping is not None:
             items = mapping.items() if hasattr(mapping, "items") else mapping
-            for k, v in items:
-                self._put(k, v)
+            data = dict(items)
+            kinds = {type(k) for k in data}
+            if len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple"):
+                # one simple key type (the common case): checked once, not per key
+                self._kind = _KINDS[next(iter(kinds))]
+                self._data = data
+            else:
+                for k, v in data.items():
+                    self._put(k, v)
             self._log.clear()       # a consumer's first run reads everything anyway
             self._log_start = 0
 
@@ -688,6 +696,9 @@ class _OneUp(IncrMap):
         seen = self._seen
         pending = self._pending
         if seen < ustart:     # first run, or fell behind a trimmed log: everything
+            if not self._data and self._fresh_build(rt, upn._data):
+                self._seen = uend
+                return self._view()
             pending.update(upn._data)
             pending.update(self._data)
         elif seen < uend:
@@ -722,6 +733,22 @@ class _OneUp(IncrMap):
     def _track(self, rt: Any) -> None:
         pass
 
+    def _fresh_build(self, rt: Any, up: dict) -> bool:
+        # the node is empty and must read every upstream key: built in one comprehension
+        # where the subclass allows it (a plain function); False to go key by key
+        return False
+
+    def _install(self, data: dict) -> None:
+        # the whole content at once (the node was empty): the log restarts after it, so
+        # every consumer, being behind it, reads everything
+        end = self._log_start + len(self._log)
+        self._data = data
+        self._kind = self._up._kind
+        self._sorted = None
+        self._log = []
+        self._log_start = end + len(data)
+        self._bulk_builds += 1
+
     def _apply(self, results: dict) -> None:
         for key, r in results.items():
             if r is _ABSENT:
@@ -755,6 +782,22 @@ class _MapNode(_OneUp):
         if len(reads) > n0:
             pk.note(reads, n0)
         return v
+
+    def _fresh_build(self, rt: Any, up: dict) -> bool:
+        pk = self._fn
+        if pk.is_cell or type(self) not in (_MapNode, _FilterNode) or pk.ext_seen or pk.glob:
+            return False
+        reads = rt._reads()
+        n0 = len(reads)
+        fn = pk.fn
+        if type(self) is _MapNode:
+            data = {k: fn(k, v) for k, v in up.items()}
+        else:
+            data = {k: v for k, v in up.items() if fn(k, v)}
+        if len(reads) > n0:
+            pk.note(reads, n0)
+        self._install(data)
+        return True
 
     def _track(self, rt: Any) -> None:
         # what the instances run in this pass read is a dependency of the map from now on
@@ -934,6 +977,11 @@ class Fold(_Node):
         uend = ustart + len(ulog)
         seen = self._seen
         if seen < ustart:    # first run, or fell behind a trimmed log: everything
+            tree = self._tree
+            if type(tree) is SumFold and len(tree) == 0 and not self._pending:
+                tree.load(up._data)          # compiled, in one pass
+                self._seen = uend
+                return tree.value
             self._pending.update(up._data)
             self._pending.update(self._own_keys())
         elif seen < uend:

@@ -346,3 +346,35 @@ def test_group_by_is_maintained_in_place():
     rt.stabilize()
     assert list(obs.value[1])[:3] == [1, 4, 10] and 3001 in obs.value[1]
     rt._check()
+
+
+def test_cold_build_in_one_pass_then_per_key():
+    # the first run of a plain-function map and of a sum takes every key at once (each function
+    # call once per key), and later changes go key by key as before
+    calls = []
+
+    def f(k, v):
+        calls.append(k)
+        return v * 2
+
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {i: i for i in range(100)})
+    doubled = m.map(f)
+    odd = doubled.filter(lambda k, v: k % 2)
+    total = odd.sum()
+    o = rt.observe(total)
+    rt.stabilize()
+    assert sorted(calls) == list(range(100)) and o.value == sum(2 * i for i in range(1, 100, 2))
+    assert total._tree.mode == "int" and total._tree.n_delta == 50
+    assert doubled._bulk_builds == odd._bulk_builds == 1
+    calls.clear()
+    m.set(3, 10)
+    m.set(500, 1)
+    rt.stabilize()
+    assert sorted(calls) == [3, 500]            # the changed and the new key, no other
+    assert sorted(doubled.last_changes) == [3, 500]
+    assert o.value == sum(2 * i for i in range(1, 100, 2)) - 6 + 20     # 500 is even
+    assert total._tree.n_delta == 51
+    assert doubled._bulk_builds == odd._bulk_builds == 1
+    assert odd.to_dict() == {k: v for k, v in doubled.to_dict().items() if k % 2}
+    rt._check()
