@@ -41,6 +41,7 @@ from incr.keys import register_type
 __all__ = ["IncrMap", "InputMap", "Fold", "Group", "MapView", "input_map"]
 
 _ABSENT: Any = object()
+_LOG_MIN = 4096        # a map's change log is trimmed past this length and the map's size
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -179,6 +180,9 @@ register_type(Group, _encode_group, _decode_group)
 class _Node(Cell):
     """A collection node: a cell with no arguments whose function updates the node."""
 
+    # attributes in slots: a subclass of the compiled Cell reads its __dict__ slowly (hot path)
+    __slots__ = ('_rt', 'label', '_pending')
+
     def __init__(self, rt: Any, label: str, cutoff: Any = EQUAL) -> None:
         node = self
 
@@ -238,7 +242,7 @@ class IncrMap(_Node):
     ``sum``, ``count``, ``min``, ``max``, ``top_k``, ``reduce``, ``fold``.
     """
 
-    _LOG_MIN = 4096
+    __slots__ = ('_data', '_log', '_log_start', '_sorted', '_kind', '_ran_from', '_vcache', '_bulk_builds')
 
     def __init__(self, rt: Any, label: str) -> None:
         _Node.__init__(self, rt, label)
@@ -265,7 +269,7 @@ class IncrMap(_Node):
     def _emit(self, key: Any) -> None:
         log = self._log
         log.append(key)
-        if len(log) > self._LOG_MIN and len(log) > len(self._data):
+        if len(log) > _LOG_MIN and len(log) > len(self._data):
             h = len(log) // 2
             del log[:h]
             self._log_start += h
@@ -298,7 +302,7 @@ class IncrMap(_Node):
         data[key] = value
         log = self._log
         log.append(key)
-        if len(log) > self._LOG_MIN and len(log) > len(data):
+        if len(log) > _LOG_MIN and len(log) > len(data):
             h = len(log) // 2
             del log[:h]
             self._log_start += h
@@ -448,6 +452,8 @@ class InputMap(IncrMap):
     it. Inside a running cell ``m[key]`` and ``m.get(key)`` depend on that key only.
     """
 
+    __slots__ = ('_stamp', '_anchor', '_key_inputs')
+
     def __init__(self, rt: Any, name: str, mapping: Any = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"input_map needs a non-empty str name, got {name!r}")
@@ -519,7 +525,7 @@ class InputMap(IncrMap):
             data[key] = value
             log = self._log
             log.append(key)
-            if len(log) > self._LOG_MIN and len(log) > len(data):
+            if len(log) > _LOG_MIN and len(log) > len(data):
                 h = len(log) // 2
                 del log[:h]
                 self._log_start += h
@@ -595,6 +601,8 @@ class _PerKeyFn:
     """Calls a per-key function (a cell: one instance per key, demanded untracked, with
     what the instance read besides its arguments tracked by the node; a plain function:
     called directly, its reads recorded on the node as a whole)."""
+
+    __slots__ = ('node', 'fn', 'is_cell', 'key_ext', 'ext_keys', 'ext_seen', 'glob')
 
     def __init__(self, node: _Node, fn: Any) -> None:
         if not callable(fn):
@@ -672,6 +680,8 @@ class _PerKeyFn:
 
 class _OneUp(IncrMap):
     """A map computed key by key from one upstream map."""
+
+    __slots__ = ('_up', '_seen')
 
     def __init__(self, up: IncrMap, label: str) -> None:
         IncrMap.__init__(self, up._rt, label)
@@ -762,6 +772,8 @@ class _OneUp(IncrMap):
 
 
 class _MapNode(_OneUp):
+    __slots__ = ('_fn',)
+
     def __init__(self, up: IncrMap, fn: Any) -> None:
         _OneUp.__init__(self, up, f"{up.label}.map({_fn_label(fn)})")
         self._fn = _PerKeyFn(self, fn)
@@ -811,6 +823,8 @@ class _MapNode(_OneUp):
 
 
 class _FilterNode(_MapNode):
+    __slots__ = ()
+
     def __init__(self, up: IncrMap, pred: Any) -> None:
         _OneUp.__init__(self, up, f"{up.label}.filter({_fn_label(pred)})")
         self._fn = _PerKeyFn(self, pred)
@@ -820,6 +834,8 @@ class _FilterNode(_MapNode):
 
 
 class _MapKeysNode(_MapNode):
+    __slots__ = ('_dst', '_src')
+
     def __init__(self, up: IncrMap, fn: Any) -> None:
         _OneUp.__init__(self, up, f"{up.label}.map_keys({_fn_label(fn)})")
         self._fn = _PerKeyFn(self, fn)
@@ -861,6 +877,8 @@ class _MapKeysNode(_MapNode):
 
 
 class _JoinNode(IncrMap):
+    __slots__ = ('_l', '_r', '_how', '_seen_l', '_seen_r')
+
     def __init__(self, left: IncrMap, right: IncrMap, how: str) -> None:
         if how not in ("inner", "left", "outer"):
             raise ValueError(f"join: how must be 'inner', 'left' or 'outer', got {how!r}")
@@ -892,6 +910,8 @@ class _JoinNode(IncrMap):
 
 
 class _GroupByNode(_MapNode):
+    __slots__ = ('_group_of', '_members', '_gsorted', '_gver')
+
     def __init__(self, up: IncrMap, fn: Any) -> None:
         _OneUp.__init__(self, up, f"{up.label}.group_by({_fn_label(fn)})")
         self._fn = _PerKeyFn(self, fn)
@@ -943,6 +963,8 @@ class _GroupByNode(_MapNode):
 class Fold(_Node):
     """A value folded from a map, kept up to date one changed key at a time: a cell with no
     arguments (``total()``, ``rt.observe(total)``, ``rt.explain(total)``)."""
+
+    __slots__ = ('_up', '_seen', '_kindname', '_keyfn', '_add', '_remove', '_acc', '_vals', '_tree')
 
     def __init__(self, up: IncrMap, kind: str, label: str, *, identity: Any = None,
                  op: Any = None, k: int = 0, keyfn: Any = None, add: Any = None,
