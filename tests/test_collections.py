@@ -378,3 +378,22 @@ def test_cold_build_in_one_pass_then_per_key():
     assert doubled._bulk_builds == odd._bulk_builds == 1
     assert odd.to_dict() == {k: v for k, v in doubled.to_dict().items() if k % 2}
     rt._check()
+
+
+def test_input_map_cell_does_not_run_per_change():
+    # a fold or map over an input map reads the input's change counter: per change, the
+    # engine runs the operators' cells and not the input map's own cell
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "docs", {i: i for i in range(10)})
+    doubled = m.map(lambda k, v: 2 * v)
+    total = doubled.sum()
+    direct = m.sum()
+    o, o2 = rt.observe(total), rt.observe(direct)
+    rt.stabilize()
+    m.set(3, 30)
+    report = rt.stabilize()
+    assert sorted(report.recomputed) == sorted(
+        ["docs.map(<lambda>)()", "docs.map(<lambda>).sum()", "docs.sum()"])
+    assert o.value == 2 * (45 + 27) and o2.value == 45 + 27
+    assert "because input 'docs' changed" in rt.explain(direct)
+    assert dict(m().items()) == {i: (30 if i == 3 else i) for i in range(10)}   # its cell answers
