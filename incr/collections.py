@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from incr._collections import FoldTree, Stamp, SumFold
+from incr._collections import FoldTree, MinMaxFold, Stamp, SumFold
 from incr._core import EQUAL, Cell, Input, current, untracked
 from incr.errors import _Deferred
 from incr.keys import register_type
@@ -980,7 +980,9 @@ class Fold(_Node):
         self._tree = None
         if kind == "sum":
             self._tree = SumFold(identity)
-        elif kind in ("min", "max", "top_k", "reduce"):
+        elif kind in ("min", "max"):
+            self._tree = MinMaxFold(kind, identity)
+        elif kind in ("top_k", "reduce"):
             self._tree = FoldTree(kind, op=op, identity=identity, k=k)
 
     def _own_keys(self) -> list:

@@ -397,3 +397,35 @@ def test_input_map_cell_does_not_run_per_change():
     assert o.value == 2 * (45 + 27) and o2.value == 45 + 27
     assert "because input 'docs' changed" in rt.explain(direct)
     assert dict(m().items()) == {i: (30 if i == 3 else i) for i in range(10)}   # its cell answers
+
+
+@pytest.mark.parametrize("kind", ["min", "max"])
+def test_min_max_fold_int_path_and_tree_fallback(kind):
+    # the same random operations on MinMaxFold (heap with lazy deletion while every value is
+    # an int) and on FoldTree(kind); counts say which path ran; the heap stays bounded
+    from incr._collections import MinMaxFold
+    pick = max if kind == "max" else min
+    rnd = random.Random(kind)
+    s, t, d = MinMaxFold(kind, None), FoldTree(kind), {}
+    for _ in range(4000):
+        k = rnd.randrange(150)
+        if rnd.random() < 0.3:
+            assert s.delete(k) == t.delete(k) == (k in d)
+            d.pop(k, None)
+        else:
+            v = rnd.randrange(-40, 40)
+            s.set(k, v)
+            t.set(k, v)
+            d[k] = v
+        assert s.value == t.value == pick(d.values(), default=None)
+    assert s.mode == "int" and s.n_tree == 0 and s.n_heap > 2000
+    s._check()
+    s.set(7, 0.5)                          # the first float: everything moves to a tree once
+    d[7] = 0.5
+    assert s.mode == "tree" and s.n_tree == 1
+    assert s.value == pick(d.values()) and s.keys() == sorted(d)
+    s._check()
+    assert MinMaxFold(kind, "none").value == "none"
+    s2 = MinMaxFold(kind)
+    s2.set("a", True)                      # a bool is not an int here: tree from the start
+    assert s2.mode == "tree" and s2.value is True
