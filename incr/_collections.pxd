@@ -37,3 +37,31 @@ cdef class FoldTree:
     cdef void rotate_up(self, TNode x) except *
     cpdef set(self, object key, object value, object sk=*)
     cpdef bint delete(self, object key) except -1
+
+
+cdef class SumFold:
+    cdef dict vals                   # int mode: key -> value, else None
+    cdef object total                # int mode: the sum of vals' values
+    cdef FoldTree tree               # tree mode (a value that is not an int arrived), else None
+    cdef object identity             # the value of the empty sum
+    cdef readonly long long n_delta, n_tree
+
+    cdef void to_tree(self) except *
+    cpdef set(self, object key, object value)
+    cpdef bint delete(self, object key) except -1
+
+
+cdef class MinMaxFold:
+    cdef bint is_max
+    cdef dict vals                   # int mode: key -> value, else None
+    cdef dict counts                 # int mode: value -> number of keys holding it
+    cdef list heap                   # int mode: values (negated for max), stale ones included
+    cdef FoldTree tree               # tree mode (a value that is not an int arrived), else None
+    cdef object identity
+    cdef readonly long long n_heap, n_tree
+
+    cdef void to_tree(self) except *
+    cdef void drop_value(self, object v) except *
+    cdef void maybe_rebuild(self) except *
+    cpdef set(self, object key, object value)
+    cpdef bint delete(self, object key) except -1

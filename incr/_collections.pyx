@@ -9,8 +9,37 @@ order, so ``reduce(op)`` needs ``op`` associative only (not commutative).
 
 cimport cython
 from cpython.object cimport PyObject_RichCompareBool, Py_LT, Py_GT
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem
+from cpython.ref cimport PyObject
+from heapq import heapify, heappop, heappush
 
 _EMPTY = object()
+
+
+@cython.final
+cdef class Stamp:
+    """The value of an input map's anchor input: a change counter that the store cannot
+    encode (so nothing that reads it is ever recorded)."""
+
+    cdef readonly long long n
+
+    def __init__(self, long long n):
+        self.n = n
+
+    def __eq__(self, other):
+        return type(other) is Stamp and (<Stamp>other).n == self.n
+
+    def __ne__(self, other):
+        return not (type(other) is Stamp and (<Stamp>other).n == self.n)
+
+    def __hash__(self):
+        return hash(self.n)
+
+    def __repr__(self):
+        return f"<change {self.n}>"
+
+    def __reduce__(self):
+        raise TypeError("an input map's change counter is not stored or copied")
 
 
 @cython.final
@@ -256,6 +285,10 @@ cdef class FoldTree:
     def __contains__(self, key):
         return key in self.index
 
+    def keys(self):
+        """The keys, in key order."""
+        return [k for k, _ in self.items()]
+
     def items(self):
         """(key, value) pairs in key order."""
         cdef list out = []
@@ -315,4 +348,239 @@ cdef class FoldTree:
         ks = [k for k, _ in self.items()]
         if any(not (a < b) for a, b in zip(ks, ks[1:])):
             raise AssertionError("key order")
+        return True
+
+
+cdef inline bint _is_int(object v):
+    # exact int or bool: integer addition is exact, associative and commutative, so a running
+    # total updated by differences is the sum in any order (the tree's, the key order's)
+    return type(v) is int or type(v) is bool
+
+
+@cython.final
+cdef class SumFold:
+    """The sum of a keyed collection of values, for ``IncrMap.sum``.
+
+    While every value is an ``int`` (or ``bool``) it keeps a dict of the values and a running
+    total: one changed key is one subtraction and one addition (O(1), exact, no tree). The
+    first value of another type (a float, a Decimal, a str...) moves everything into a
+    ``FoldTree("sum")`` once (O(n)), which then combines in key order as before.
+    ``n_delta`` / ``n_tree`` count the updates each path took (for tests).
+    """
+
+    def __init__(self, identity=0):
+        self.vals = {}
+        self.total = 0
+        self.tree = None
+        self.identity = identity
+        self.n_delta = 0
+        self.n_tree = 0
+
+    @property
+    def mode(self):
+        """``"int"`` (running total) or ``"tree"``."""
+        return "int" if self.tree is None else "tree"
+
+    cdef void to_tree(self) except *:
+        cdef FoldTree t = FoldTree("sum", identity=self.identity)
+        for k, v in self.vals.items():
+            t.set(k, v)
+        self.tree = t
+        self.vals = None
+        self.total = None
+
+    cpdef set(self, object key, object value):
+        cdef PyObject *old
+        if self.tree is None:
+            if _is_int(value):
+                old = PyDict_GetItem(self.vals, key)
+                if old == NULL:
+                    self.total = self.total + value
+                else:
+                    self.total = (self.total - <object>old) + value
+                PyDict_SetItem(self.vals, key, value)
+                self.n_delta += 1
+                return
+            self.to_tree()
+        self.tree.set(key, value)
+        self.n_tree += 1
+
+    def load(self, dict data):
+        """Set every (key, value) of ``data`` into an empty SumFold, in one pass."""
+        if len(self) != 0:
+            raise ValueError("SumFold.load needs an empty SumFold")
+        cdef object total = 0
+        for v in data.values():
+            if not _is_int(v):
+                for k, v in data.items():
+                    self.set(k, v)
+                return
+            total = total + v
+        self.vals = dict(data)
+        self.total = total
+        self.n_delta += len(data)
+
+    cpdef bint delete(self, object key) except -1:
+        cdef PyObject *old
+        if self.tree is None:
+            old = PyDict_GetItem(self.vals, key)
+            if old == NULL:
+                return False
+            self.total = self.total - <object>old
+            PyDict_DelItem(self.vals, key)
+            self.n_delta += 1
+            return True
+        self.n_tree += 1
+        return self.tree.delete(key)
+
+    @property
+    def value(self):
+        """The sum of every value, or the identity when there is none."""
+        if self.tree is not None:
+            return self.tree.value
+        if not self.vals:
+            return self.identity
+        return self.total
+
+    def keys(self):
+        if self.tree is not None:
+            return [k for k, _ in self.tree.items()]
+        return list(self.vals)
+
+    def __len__(self):
+        return len(self.vals) if self.tree is None else len(self.tree)
+
+    def _check(self):
+        if self.tree is not None:
+            return self.tree._check()
+        if self.total != sum(self.vals.values()):
+            raise AssertionError(f"running total {self.total!r} != {sum(self.vals.values())!r}")
+        return True
+
+
+@cython.final
+cdef class MinMaxFold:
+    """The least (``"min"``) or greatest (``"max"``) value of a keyed collection, for
+    ``IncrMap.min`` / ``max``.
+
+    While every value is an ``int`` (not a bool) it keeps a dict of the values, a count of the
+    keys holding each value and a binary heap of values with lazy deletion: one changed key is
+    one push (O(log n) C comparisons, O(1) on average), stale heap entries are dropped when
+    they reach the top, and the heap is rebuilt from the live values when it holds twice as
+    many entries as there are keys (amortized O(1)). Equal ints are indistinguishable, so the
+    result is the one any order gives. The first value of another type moves everything into
+    a ``FoldTree`` once (O(n)). ``n_heap`` / ``n_tree`` count the updates each path took.
+    """
+
+    def __init__(self, kind, identity=None):
+        if kind not in ("min", "max"):
+            raise ValueError(f"MinMaxFold needs 'min' or 'max', got {kind!r}")
+        self.is_max = kind == "max"
+        self.vals = {}
+        self.counts = {}
+        self.heap = []
+        self.tree = None
+        self.identity = identity
+        self.n_heap = 0
+        self.n_tree = 0
+
+    @property
+    def mode(self):
+        """``"int"`` (heap) or ``"tree"``."""
+        return "int" if self.tree is None else "tree"
+
+    cdef void to_tree(self) except *:
+        cdef FoldTree t = FoldTree("max" if self.is_max else "min", identity=self.identity)
+        for k, v in self.vals.items():
+            t.set(k, v)
+        self.tree = t
+        self.vals = None
+        self.counts = None
+        self.heap = None
+
+    cdef void drop_value(self, object v) except *:
+        cdef Py_ssize_t c = self.counts[v] - 1
+        if c:
+            self.counts[v] = c
+        else:
+            del self.counts[v]
+
+    cdef void maybe_rebuild(self) except *:
+        if len(self.heap) > 2 * len(self.vals) + 64:
+            h = [(-v if self.is_max else v) for v in self.counts]
+            heapify(h)
+            self.heap = h
+
+    cpdef set(self, object key, object value):
+        cdef PyObject *old
+        if self.tree is None:
+            if type(value) is int:
+                old = PyDict_GetItem(self.vals, key)
+                if old != NULL:
+                    if <object>old == value:
+                        return
+                    self.drop_value(<object>old)
+                PyDict_SetItem(self.vals, key, value)
+                self.counts[value] = self.counts.get(value, 0) + 1
+                heappush(self.heap, -value if self.is_max else value)
+                self.n_heap += 1
+                self.maybe_rebuild()
+                return
+            self.to_tree()
+        self.tree.set(key, value)
+        self.n_tree += 1
+
+    cpdef bint delete(self, object key) except -1:
+        cdef PyObject *old
+        if self.tree is None:
+            old = PyDict_GetItem(self.vals, key)
+            if old == NULL:
+                return False
+            self.drop_value(<object>old)
+            PyDict_DelItem(self.vals, key)
+            self.n_heap += 1
+            self.maybe_rebuild()
+            return True
+        self.n_tree += 1
+        return self.tree.delete(key)
+
+    @property
+    def value(self):
+        """The least / greatest value, or the identity when there is none."""
+        if self.tree is not None:
+            return self.tree.value
+        if not self.vals:
+            return self.identity
+        heap = self.heap
+        while True:
+            top = heap[0]
+            v = -top if self.is_max else top
+            if v in self.counts:
+                return v
+            heappop(heap)
+
+    def keys(self):
+        if self.tree is not None:
+            return [k for k, _ in self.tree.items()]
+        return list(self.vals)
+
+    def __len__(self):
+        return len(self.vals) if self.tree is None else len(self.tree)
+
+    def _check(self):
+        if self.tree is not None:
+            return self.tree._check()
+        want = {}
+        for v in self.vals.values():
+            want[v] = want.get(v, 0) + 1
+        if want != self.counts:
+            raise AssertionError("value counts disagree with the values")
+        live = set((-v if self.is_max else v) for v in self.counts)
+        if not live <= set(self.heap):
+            raise AssertionError("a live value is missing from the heap")
+        if self.vals:
+            got = self.value
+            want_v = max(self.vals.values()) if self.is_max else min(self.vals.values())
+            if got != want_v:
+                raise AssertionError(f"{got!r} != {want_v!r}")
         return True

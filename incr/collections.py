@@ -19,7 +19,9 @@ How it propagates (read this before changing anything here):
   instances read besides their arguments (``_ext``), and re-demands only the keys whose
   instance read a dependency that changed. A plain function is called directly; anything it
   reads makes a change there re-run it for every key;
-- folds keep a ``FoldTree`` (incr._collections, compiled): one key changed is one root path.
+- folds keep a ``FoldTree`` (incr._collections, compiled): one key changed is one root path;
+  ``sum`` over int values keeps a running total instead (``SumFold``: O(1) per changed key,
+  moving to a tree at the first value that is not an int).
 
 Collection cells are never written to the store (their state lives in this process and is
 rebuilt at the first demand); the ``map`` instances they demand are ordinary cells and are
@@ -31,13 +33,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from incr._collections import FoldTree
+from incr._collections import FoldTree, MinMaxFold, Stamp, SumFold
 from incr._core import EQUAL, Cell, Input, current, untracked
 from incr.errors import _Deferred
+from incr.keys import register_type
 
-__all__ = ["IncrMap", "InputMap", "Fold", "MapView", "input_map"]
+__all__ = ["IncrMap", "InputMap", "Fold", "Group", "MapView", "input_map"]
 
 _ABSENT: Any = object()
+_LOG_MIN = 4096        # a map's change log is trimmed past this length and the map's size
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -49,25 +53,6 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:
         return False
-
-
-class _Stamp:
-    """The value of a map's anchor input: a change counter that the store cannot encode (so
-    nothing that reads it is ever recorded)."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Stamp and other.n == self.n  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash(self.n)
-
-    def __repr__(self) -> str:
-        return f"<change {self.n}>"
 
 
 _KINDS = {bool: "number", int: "number", float: "number", str: "str", bytes: "bytes",
@@ -129,8 +114,74 @@ class MapView(Mapping):
         return f"<incr map {n.label}: {len(n._data)} keys>"
 
 
+class Group(Mapping):
+    """The value of one group of ``group_by``: a read-only mapping of the group's entries, in
+    key order.
+
+    Like a ``MapView`` it reads the group as it is now (as of its last stabilization or
+    demand), not a copy taken when it was made: a change to one entry costs O(1), not a new
+    dict of the whole group. Two groups of the same ``group_by`` are equal when they are the
+    same group at the same change; against any other mapping (a dict), equality compares the
+    entries. ``dict(group)`` or ``copy.copy(group)`` takes a snapshot (a dict).
+    """
+
+    __slots__ = ("_node", "_g", "_members", "_version")
+
+    def __init__(self, node: Any, g: Any, members: dict, version: int) -> None:
+        self._node = node
+        self._g = g
+        self._members = members
+        self._version = version
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._members[key]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._node._group_keys(self._g, self._members))
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._members
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is Group and other._node is self._node \
+                and type(other._g) is type(self._g) and other._g == self._g:  # type: ignore[attr-defined]
+            return other._version == self._version  # type: ignore[attr-defined]
+        if isinstance(other, Mapping):
+            return len(self) == len(other) and dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __copy__(self) -> dict:
+        return dict(self.items())
+
+    def __deepcopy__(self, memo: Any) -> dict:
+        import copy
+        return copy.deepcopy(dict(self.items()), memo)
+
+    def __repr__(self) -> str:
+        return f"Group({dict(self.items())!r})"
+
+
+def _encode_group(g: Group) -> tuple:
+    return tuple(g.items())
+
+
+def _decode_group(t: Any) -> dict:
+    return dict(t)
+
+
+register_type(Group, _encode_group, _decode_group)
+
+
 class _Node(Cell):
     """A collection node: a cell with no arguments whose function updates the node."""
+
+    # attributes in slots: a subclass of the compiled Cell reads its __dict__ slowly (hot path)
+    __slots__ = ('_rt', 'label', '_pending')
 
     def __init__(self, rt: Any, label: str, cutoff: Any = EQUAL) -> None:
         node = self
@@ -158,22 +209,28 @@ class _Node(Cell):
     def __call__(self) -> Any:  # type: ignore[override]
         return self._demand()
 
+    def _refresh(self) -> None:
+        # inside a running node: bring this map up to date, recording the read
+        Cell.__call__(self)
+
     def __repr__(self) -> str:
         return f"<incr {type(self).__name__} {self.label}>"
 
     # -- pulling changes from an upstream map ----------------------------------------------
 
-    def _pull(self, up: IncrMap, slot: str, own: Any) -> None:
-        # the keys of `up` changed since this node last looked go to _pending
-        up._demand()
-        seen = getattr(self, slot)
-        ch = up._since(seen)
-        if ch is None:       # first run, or fell behind a trimmed log: everything
+    def _pull(self, up: IncrMap, seen: int, own: Any) -> int:
+        # the keys of `up` changed since log position `seen` go to _pending; returns the
+        # position to remember
+        up._refresh()
+        log = up._log
+        start = up._log_start
+        end = start + len(log)
+        if seen < start:     # first run, or fell behind a trimmed log: everything
             self._pending.update(up._data)
             self._pending.update(own() if callable(own) else own)
-        else:
-            self._pending.update(ch)
-        setattr(self, slot, up._version)
+        elif seen < end:
+            self._pending.update(log[seen - start:])
+        return end
 
 
 class IncrMap(_Node):
@@ -185,7 +242,7 @@ class IncrMap(_Node):
     ``sum``, ``count``, ``min``, ``max``, ``top_k``, ``reduce``, ``fold``.
     """
 
-    _LOG_MIN = 4096
+    __slots__ = ('_data', '_log', '_log_start', '_sorted', '_kind', '_ran_from', '_vcache', '_bulk_builds')
 
     def __init__(self, rt: Any, label: str) -> None:
         _Node.__init__(self, rt, label)
@@ -195,6 +252,8 @@ class IncrMap(_Node):
         self._sorted: list | None = None
         self._kind: str | None = None
         self._ran_from = 0          # log position at the start of the last run
+        self._vcache: MapView | None = None
+        self._bulk_builds = 0       # runs that built the whole content at once (tests)
 
     # -- the change log ----------------------------------------------------------------------
 
@@ -210,27 +269,43 @@ class IncrMap(_Node):
     def _emit(self, key: Any) -> None:
         log = self._log
         log.append(key)
-        if len(log) > self._LOG_MIN and len(log) > len(self._data):
+        if len(log) > _LOG_MIN and len(log) > len(self._data):
             h = len(log) // 2
             del log[:h]
             self._log_start += h
 
+    def _check_kind(self, key: Any) -> str:
+        kind = _key_kind(key, self.label)
+        if self._kind is not None and self._data and kind != self._kind:
+            raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
+                            f"other keys (all keys of a map are of one kind: numbers, "
+                            f"str, bytes or tuples)")
+        return kind
+
     def _put(self, key: Any, value: Any) -> bool:
+        # (hot: _same and _emit written out)
         data = self._data
         old = data.get(key, _ABSENT)
         if old is _ABSENT:
-            kind = _key_kind(key, self.label)
+            kind = self._check_kind(key)
             if self._kind is None or not data:
                 self._kind = kind
-            elif kind != self._kind:
-                raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
-                                f"other keys (all keys of a map are of one kind: numbers, "
-                                f"str, bytes or tuples)")
             self._sorted = None
-        elif _same(old, value):
+        elif old is value:
             return False
+        elif type(old) is type(value):
+            try:
+                if old == value:
+                    return False
+            except Exception:
+                pass
         data[key] = value
-        self._emit(key)
+        log = self._log
+        log.append(key)
+        if len(log) > _LOG_MIN and len(log) > len(data):
+            h = len(log) // 2
+            del log[:h]
+            self._log_start += h
         return True
 
     def _del(self, key: Any) -> bool:
@@ -246,7 +321,11 @@ class IncrMap(_Node):
         return self._sorted
 
     def _view(self) -> MapView:
-        return MapView(self, self._version)
+        v = self._log_start + len(self._log)
+        c = self._vcache
+        if c is None or c._version != v:
+            c = self._vcache = MapView(self, v)
+        return c
 
     @property
     def last_changes(self) -> list:
@@ -316,8 +395,9 @@ class IncrMap(_Node):
         return _JoinNode(self, other, how)
 
     def group_by(self, fn: Callable[[Any, Any], Any]) -> IncrMap:
-        """``{group: {key: value, ...}}`` with ``group = fn(key, value)``; each group's dict
-        is in key order and is rebuilt (O(its size)) when one of its entries changes."""
+        """``{group: Group}`` with ``group = fn(key, value)``: each ``Group`` is a read-only
+        mapping of that group's entries in key order, kept up to date in O(1) per changed
+        key (it reads the group as it is now; ``dict(group)`` takes a snapshot)."""
         return _GroupByNode(self, fn)
 
     def sum(self, start: Any = 0) -> Fold:
@@ -372,17 +452,26 @@ class InputMap(IncrMap):
     it. Inside a running cell ``m[key]`` and ``m.get(key)`` depend on that key only.
     """
 
+    __slots__ = ('_stamp', '_anchor', '_key_inputs')
+
     def __init__(self, rt: Any, name: str, mapping: Any = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"input_map needs a non-empty str name, got {name!r}")
         self._stamp = 0
-        self._anchor = rt.input(name, _Stamp(0))   # reserves the name; ValueError if taken
+        self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
         IncrMap.__init__(self, rt, name)
         self._key_inputs: dict = {}
         if mapping is not None:
             items = mapping.items() if hasattr(mapping, "items") else mapping
-            for k, v in items:
-                self._put(k, v)
+            data = dict(items)
+            kinds = {type(k) for k in data}
+            if len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple"):
+                # one simple key type (the common case): checked once, not per key
+                self._kind = _KINDS[next(iter(kinds))]
+                self._data = data
+            else:
+                for k, v in data.items():
+                    self._put(k, v)
             self._log.clear()       # a consumer's first run reads everything anyway
             self._log_start = 0
 
@@ -393,14 +482,19 @@ class InputMap(IncrMap):
 
     def _drive(self) -> MapView:
         self._anchor.get()
-        self._ran_from = self._version
+        self._ran_from = self._log_start + len(self._log)
         return self._view()
+
+    def _refresh(self) -> None:
+        # a consumer reads the anchor itself: an input map is up to date by construction,
+        # and its own cell need not run for every change
+        self._anchor.get()
 
     def _bump(self) -> None:
         # first: raises ReentrancyError (nothing changed) inside a computation
         self._stamp += 1
         try:
-            self._anchor.set(_Stamp(self._stamp))
+            self._anchor.set(Stamp(self._stamp))
         except BaseException:
             self._stamp -= 1
             raise
@@ -412,11 +506,30 @@ class InputMap(IncrMap):
 
     def set(self, key: Any, value: Any) -> None:
         """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
-        old = self._data.get(key, _ABSENT)
-        if old is not _ABSENT and _same(old, value):
+        data = self._data
+        old = data.get(key, _ABSENT)
+        if old is not _ABSENT:
+            if old is value or _same(old, value):
+                return
+        else:
+            self._check_kind(key)
+        if key not in self._key_inputs:
+            # one set of the anchor is one revision: no batch needed (the set raises
+            # ReentrancyError inside a computation, before anything changed)
+            n = self._stamp + 1
+            self._anchor.set(Stamp(n))
+            self._stamp = n
+            if old is _ABSENT:
+                self._put(key, value)
+                return
+            data[key] = value
+            log = self._log
+            log.append(key)
+            if len(log) > _LOG_MIN and len(log) > len(data):
+                h = len(log) // 2
+                del log[:h]
+                self._log_start += h
             return
-        if old is _ABSENT:
-            _key_kind(key, self.label)
         with self._rt.batch():
             self._bump()
             self._put(key, value)
@@ -489,6 +602,8 @@ class _PerKeyFn:
     what the instance read besides its arguments tracked by the node; a plain function:
     called directly, its reads recorded on the node as a whole)."""
 
+    __slots__ = ('node', 'fn', 'is_cell', 'key_ext', 'ext_keys', 'ext_seen', 'glob')
+
     def __init__(self, node: _Node, fn: Any) -> None:
         if not callable(fn):
             raise TypeError(f"{node.label}: expected a function or an incr cell, got {fn!r}")
@@ -532,10 +647,14 @@ class _PerKeyFn:
         n0 = len(reads)
         v = self.fn(*args)
         if len(reads) > n0:
-            for dep in reads[n0:]:
-                if dep not in self.glob:
-                    self.glob[dep] = dep._changed_at
+            self.note(reads, n0)
         return v
+
+    def note(self, reads: list, n0: int) -> None:
+        # a plain function read reads[n0:]: a change there runs it again for every key
+        for dep in reads[n0:]:
+            if dep not in self.glob:
+                self.glob[dep] = dep._changed_at
 
     def _set_ext(self, key: Any, deps: tuple) -> None:
         old = self.key_ext.pop(key, ())
@@ -562,6 +681,8 @@ class _PerKeyFn:
 class _OneUp(IncrMap):
     """A map computed key by key from one upstream map."""
 
+    __slots__ = ('_up', '_seen')
+
     def __init__(self, up: IncrMap, label: str) -> None:
         IncrMap.__init__(self, up._rt, label)
         self._up = up
@@ -574,15 +695,34 @@ class _OneUp(IncrMap):
         pass
 
     def _drive(self) -> MapView:
+        # (hot: _pull written out)
         rt = self._rt
-        self._ran_from = self._version
-        self._pull(self._up, "_seen", self._data)
+        self._ran_from = self._log_start + len(self._log)
+        upn = self._up
+        upn._refresh()
+        ulog = upn._log
+        ustart = upn._log_start
+        uend = ustart + len(ulog)
+        seen = self._seen
+        pending = self._pending
+        if seen < ustart:     # first run, or fell behind a trimmed log: everything
+            if not self._data and self._fresh_build(rt, upn._data):
+                self._seen = uend
+                return self._view()
+            pending.update(upn._data)
+            pending.update(self._data)
+        elif seen < uend:
+            pending.update(ulog[seen - ustart:])
+        self._seen = uend
         self._extra(rt)
-        up = self._up._data
+        if not pending:
+            self._track(rt)
+            return self._view()
+        up = upn._data
         results = {}
         deferred = None
         # phase 1: compute (may raise: nothing changed yet, the keys stay pending)
-        for key in self._pending:
+        for key in pending:
             v = up.get(key, _ABSENT)
             if v is _ABSENT:
                 results[key] = _ABSENT
@@ -596,12 +736,28 @@ class _OneUp(IncrMap):
             raise deferred
         # phase 2: apply
         self._apply(results)
-        self._pending.clear()
+        self._pending = set()
         self._track(rt)
         return self._view()
 
     def _track(self, rt: Any) -> None:
         pass
+
+    def _fresh_build(self, rt: Any, up: dict) -> bool:
+        # the node is empty and must read every upstream key: built in one comprehension
+        # where the subclass allows it (a plain function); False to go key by key
+        return False
+
+    def _install(self, data: dict) -> None:
+        # the whole content at once (the node was empty): the log restarts after it, so
+        # every consumer, being behind it, reads everything
+        end = self._log_start + len(self._log)
+        self._data = data
+        self._kind = self._up._kind
+        self._sorted = None
+        self._log = []
+        self._log_start = end + len(data)
+        self._bulk_builds += 1
 
     def _apply(self, results: dict) -> None:
         for key, r in results.items():
@@ -616,26 +772,59 @@ class _OneUp(IncrMap):
 
 
 class _MapNode(_OneUp):
+    __slots__ = ('_fn',)
+
     def __init__(self, up: IncrMap, fn: Any) -> None:
         _OneUp.__init__(self, up, f"{up.label}.map({_fn_label(fn)})")
         self._fn = _PerKeyFn(self, fn)
 
     def _extra(self, rt: Any) -> None:
-        self._pending.update(self._fn.check(rt, self._up._data))
+        fn = self._fn
+        if fn.ext_seen or fn.glob:
+            self._pending.update(fn.check(rt, self._up._data))
 
     def _compute(self, key: Any, value: Any) -> Any:
-        return self._fn(self._rt, key, (key, value))
+        pk = self._fn
+        if pk.is_cell:
+            return pk(self._rt, key, (key, value))
+        # a plain function (hot: _PerKeyFn.__call__ written out)
+        reads = self._rt._reads()
+        n0 = len(reads)
+        v = pk.fn(key, value)
+        if len(reads) > n0:
+            pk.note(reads, n0)
+        return v
+
+    def _fresh_build(self, rt: Any, up: dict) -> bool:
+        pk = self._fn
+        if pk.is_cell or type(self) not in (_MapNode, _FilterNode) or pk.ext_seen or pk.glob:
+            return False
+        reads = rt._reads()
+        n0 = len(reads)
+        fn = pk.fn
+        if type(self) is _MapNode:
+            data = {k: fn(k, v) for k, v in up.items()}
+        else:
+            data = {k: v for k, v in up.items() if fn(k, v)}
+        if len(reads) > n0:
+            pk.note(reads, n0)
+        self._install(data)
+        return True
 
     def _track(self, rt: Any) -> None:
         # what the instances run in this pass read is a dependency of the map from now on
-        for dep in self._fn.ext_seen:
-            rt._read(dep)
+        ext = self._fn.ext_seen
+        if ext:
+            for dep in ext:
+                rt._read(dep)
 
     def _dropped(self, key: Any) -> None:
         self._fn.drop(key)
 
 
 class _FilterNode(_MapNode):
+    __slots__ = ()
+
     def __init__(self, up: IncrMap, pred: Any) -> None:
         _OneUp.__init__(self, up, f"{up.label}.filter({_fn_label(pred)})")
         self._fn = _PerKeyFn(self, pred)
@@ -645,6 +834,8 @@ class _FilterNode(_MapNode):
 
 
 class _MapKeysNode(_MapNode):
+    __slots__ = ('_dst', '_src')
+
     def __init__(self, up: IncrMap, fn: Any) -> None:
         _OneUp.__init__(self, up, f"{up.label}.map_keys({_fn_label(fn)})")
         self._fn = _PerKeyFn(self, fn)
@@ -686,6 +877,8 @@ class _MapKeysNode(_MapNode):
 
 
 class _JoinNode(IncrMap):
+    __slots__ = ('_l', '_r', '_how', '_seen_l', '_seen_r')
+
     def __init__(self, left: IncrMap, right: IncrMap, how: str) -> None:
         if how not in ("inner", "left", "outer"):
             raise ValueError(f"join: how must be 'inner', 'left' or 'outer', got {how!r}")
@@ -697,9 +890,9 @@ class _JoinNode(IncrMap):
         self._seen_l = self._seen_r = -1
 
     def _drive(self) -> MapView:
-        self._ran_from = self._version
-        self._pull(self._l, "_seen_l", self._data)
-        self._pull(self._r, "_seen_r", self._data)
+        self._ran_from = self._log_start + len(self._log)
+        self._seen_l = self._pull(self._l, self._seen_l, self._data)
+        self._seen_r = self._pull(self._r, self._seen_r, self._data)
         ld, rd, how = self._l._data, self._r._data, self._how
         for key in self._pending:
             a = ld.get(key, _ABSENT)
@@ -717,11 +910,15 @@ class _JoinNode(IncrMap):
 
 
 class _GroupByNode(_MapNode):
+    __slots__ = ('_group_of', '_members', '_gsorted', '_gver')
+
     def __init__(self, up: IncrMap, fn: Any) -> None:
         _OneUp.__init__(self, up, f"{up.label}.group_by({_fn_label(fn)})")
         self._fn = _PerKeyFn(self, fn)
         self._group_of: dict = {}
-        self._members: dict = {}
+        self._members: dict = {}    # group -> {key: value} (live; a Group reads it)
+        self._gsorted: dict = {}    # group -> (its members dict, its keys sorted)
+        self._gver = 0
 
     def _compute(self, key: Any, value: Any) -> Any:
         g = self._fn(self._rt, key, (key, value))
@@ -744,16 +941,30 @@ class _GroupByNode(_MapNode):
             touched.add(g)
         for g in touched:
             mem = self._members.get(g)
+            self._gsorted.pop(g, None)
             if not mem:
                 self._members.pop(g, None)
                 self._del(g)
             else:
-                self._put(g, {k: mem[k] for k in sorted(mem)})
+                # O(1): a Group reads the live members; its version makes it unequal to the
+                # group's previous value (so the change is logged and cutoff does not stop it)
+                self._gver += 1
+                self._put(g, Group(self, g, mem, self._gver))
+
+    def _group_keys(self, g: Any, mem: dict) -> list:
+        c = self._gsorted.get(g)
+        if c is None or c[0] is not mem or len(c[1]) != len(mem):
+            c = (mem, sorted(mem))
+            if self._members.get(g) is mem:
+                self._gsorted[g] = c
+        return c[1]
 
 
 class Fold(_Node):
     """A value folded from a map, kept up to date one changed key at a time: a cell with no
     arguments (``total()``, ``rt.observe(total)``, ``rt.explain(total)``)."""
+
+    __slots__ = ('_up', '_seen', '_kindname', '_keyfn', '_add', '_remove', '_acc', '_vals', '_tree')
 
     def __init__(self, up: IncrMap, kind: str, label: str, *, identity: Any = None,
                  op: Any = None, k: int = 0, keyfn: Any = None, add: Any = None,
@@ -767,20 +978,39 @@ class Fold(_Node):
         self._acc = identity
         self._vals: dict = {}
         self._tree = None
-        if kind in ("sum", "min", "max", "top_k", "reduce"):
+        if kind == "sum":
+            self._tree = SumFold(identity)
+        elif kind in ("min", "max"):
+            self._tree = MinMaxFold(kind, identity)
+        elif kind in ("top_k", "reduce"):
             self._tree = FoldTree(kind, op=op, identity=identity, k=k)
 
     def _own_keys(self) -> list:
         if self._tree is not None:
-            return [k for k, _ in self._tree.items()]
+            return self._tree.keys()
         return list(self._vals)
 
     def _drive(self) -> Any:
         up = self._up
         if self._kindname == "count":
-            up._demand()
+            up._refresh()
             return len(up._data)
-        self._pull(up, "_seen", self._own_keys)
+        up._refresh()
+        ulog = up._log
+        ustart = up._log_start
+        uend = ustart + len(ulog)
+        seen = self._seen
+        if seen < ustart:    # first run, or fell behind a trimmed log: everything
+            tree = self._tree
+            if type(tree) is SumFold and len(tree) == 0 and not self._pending:
+                tree.load(up._data)          # compiled, in one pass
+                self._seen = uend
+                return tree.value
+            self._pending.update(up._data)
+            self._pending.update(self._own_keys())
+        elif seen < uend:
+            self._pending.update(ulog[seen - ustart:])
+        self._seen = uend
         data = up._data
         keys = list(self._pending)
         # a fresh set (popping a drained large set scans its whole table)
@@ -789,6 +1019,14 @@ class Fold(_Node):
         i = 0
         try:
             if tree is not None:
+                if self._kindname == "sum" and len(keys) == 1:   # one changed key
+                    key = keys[0]
+                    v = data.get(key, _ABSENT)
+                    if v is _ABSENT:
+                        tree.delete(key)
+                    else:
+                        tree.set(key, v)
+                    return tree.value
                 keyfn = self._keyfn if self._kindname == "top_k" else None
                 for i, key in enumerate(keys):
                     v = data.get(key, _ABSENT)

@@ -256,3 +256,176 @@ def test_docs_collections_examples_run():
     assert len(blocks) >= 2
     for block in blocks:
         exec(compile(block, "docs/collections.md", "exec"), {})  # noqa: S102 - our docs
+
+
+def test_sum_fold_int_path_and_tree_fallback():
+    # the same random operations on SumFold (running total while every value is an int) and on
+    # FoldTree("sum"); counts say which path ran
+    from incr._collections import SumFold
+    rnd = random.Random(5)
+    s, t, d = SumFold(0), FoldTree("sum", identity=0), {}
+    changes = 0
+    for _ in range(3000):
+        k = rnd.randrange(200)
+        if rnd.random() < 0.3:
+            assert s.delete(k) == t.delete(k) == (k in d)
+            changes += k in d
+            d.pop(k, None)
+        else:
+            v = rnd.choice([rnd.randrange(-50, 50), True, 2 ** 70 + rnd.randrange(9)])
+            s.set(k, v)
+            t.set(k, v)
+            d[k] = v
+            changes += 1
+        assert s.value == t.value == sum(d.values())
+    assert s.mode == "int" and s.n_tree == 0 and s.n_delta == changes
+    assert sorted(s.keys()) == sorted(d) and len(s) == len(d)
+    s._check()
+    s.set(7, 0.5)                          # the first float: everything moves to a tree once
+    d[7] = 0.5
+    assert s.mode == "tree" and s.n_tree == 1
+    s.set(8, 3)
+    d[8] = 3
+    assert s.value == sum(d[k] for k in sorted(d))
+    assert s.keys() == sorted(d)
+    s._check()
+    assert SumFold("empty").value == "empty"
+
+
+def test_collection_sum_float_values_after_ints():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {i: i for i in range(10)})
+    total = m.sum()
+    o = rt.observe(total)
+    rt.stabilize()
+    assert o.value == 45 and total._tree.mode == "int"
+    m.set(3, 0.25)
+    rt.stabilize()
+    assert o.value == 42.25 and total._tree.mode == "tree"
+    m.delete(3)
+    m.set(4, 1.5)
+    rt.stabilize()
+    assert o.value == 45 - 3 - 4 + 1.5
+
+
+def test_group_by_is_maintained_in_place():
+    # one changed key: its group's value is a new Group over the same live members dict (no
+    # copy of the group), unequal to the old one; a cell per group runs for that group only
+    import copy
+    from incr.collections import Group
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {i: i for i in range(3000)})
+    groups = m.group_by(lambda k, v: k % 3)
+    ran = []
+
+    @incr.cell
+    def size(g, members):
+        ran.append(g)
+        return len(members), sum(members.values())
+
+    sizes = rt.observe(groups.map(size))
+    obs = rt.observe(groups)
+    rt.stabilize()
+    assert sorted(ran) == [0, 1, 2]
+    g1 = obs.value[1]
+    assert type(g1) is Group and list(g1)[:3] == [1, 4, 7] and len(g1) == 1000
+    members = groups._members[1]
+    ran.clear()
+    m.set(4, -4)
+    rt.stabilize()
+    assert ran == [1]                                   # one group's instance, no other
+    new = obs.value[1]
+    assert new is not g1 and new != g1 and new._members is members   # updated in place
+    assert new == {k: (-4 if k == 4 else k) for k in range(1, 3000, 3)}
+    assert dict(sizes.value)[1] == (1000, sum(range(1, 3000, 3)) - 8)
+    snap = copy.copy(new)
+    assert type(snap) is dict and snap == new
+    m.set(4, 5)                                          # the same group, another value
+    m.delete(7)
+    m.set(3001, 1)                                       # new key joins group 1
+    rt.stabilize()
+    assert list(obs.value[1])[:3] == [1, 4, 10] and 3001 in obs.value[1]
+    rt._check()
+
+
+def test_cold_build_in_one_pass_then_per_key():
+    # the first run of a plain-function map and of a sum takes every key at once (each function
+    # call once per key), and later changes go key by key as before
+    calls = []
+
+    def f(k, v):
+        calls.append(k)
+        return v * 2
+
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {i: i for i in range(100)})
+    doubled = m.map(f)
+    odd = doubled.filter(lambda k, v: k % 2)
+    total = odd.sum()
+    o = rt.observe(total)
+    rt.stabilize()
+    assert sorted(calls) == list(range(100)) and o.value == sum(2 * i for i in range(1, 100, 2))
+    assert total._tree.mode == "int" and total._tree.n_delta == 50
+    assert doubled._bulk_builds == odd._bulk_builds == 1
+    calls.clear()
+    m.set(3, 10)
+    m.set(500, 1)
+    rt.stabilize()
+    assert sorted(calls) == [3, 500]            # the changed and the new key, no other
+    assert sorted(doubled.last_changes) == [3, 500]
+    assert o.value == sum(2 * i for i in range(1, 100, 2)) - 6 + 20     # 500 is even
+    assert total._tree.n_delta == 51
+    assert doubled._bulk_builds == odd._bulk_builds == 1
+    assert odd.to_dict() == {k: v for k, v in doubled.to_dict().items() if k % 2}
+    rt._check()
+
+
+def test_input_map_cell_does_not_run_per_change():
+    # a fold or map over an input map reads the input's change counter: per change, the
+    # engine runs the operators' cells and not the input map's own cell
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "docs", {i: i for i in range(10)})
+    doubled = m.map(lambda k, v: 2 * v)
+    total = doubled.sum()
+    direct = m.sum()
+    o, o2 = rt.observe(total), rt.observe(direct)
+    rt.stabilize()
+    m.set(3, 30)
+    report = rt.stabilize()
+    assert sorted(report.recomputed) == sorted(
+        ["docs.map(<lambda>)()", "docs.map(<lambda>).sum()", "docs.sum()"])
+    assert o.value == 2 * (45 + 27) and o2.value == 45 + 27
+    assert "because input 'docs' changed" in rt.explain(direct)
+    assert dict(m().items()) == {i: (30 if i == 3 else i) for i in range(10)}   # its cell answers
+
+
+@pytest.mark.parametrize("kind", ["min", "max"])
+def test_min_max_fold_int_path_and_tree_fallback(kind):
+    # the same random operations on MinMaxFold (heap with lazy deletion while every value is
+    # an int) and on FoldTree(kind); counts say which path ran; the heap stays bounded
+    from incr._collections import MinMaxFold
+    pick = max if kind == "max" else min
+    rnd = random.Random(kind)
+    s, t, d = MinMaxFold(kind, None), FoldTree(kind), {}
+    for _ in range(4000):
+        k = rnd.randrange(150)
+        if rnd.random() < 0.3:
+            assert s.delete(k) == t.delete(k) == (k in d)
+            d.pop(k, None)
+        else:
+            v = rnd.randrange(-40, 40)
+            s.set(k, v)
+            t.set(k, v)
+            d[k] = v
+        assert s.value == t.value == pick(d.values(), default=None)
+    assert s.mode == "int" and s.n_tree == 0 and s.n_heap > 2000
+    s._check()
+    s.set(7, 0.5)                          # the first float: everything moves to a tree once
+    d[7] = 0.5
+    assert s.mode == "tree" and s.n_tree == 1
+    assert s.value == pick(d.values()) and s.keys() == sorted(d)
+    s._check()
+    assert MinMaxFold(kind, "none").value == "none"
+    s2 = MinMaxFold(kind)
+    s2.set("a", True)                      # a bool is not an int here: tree from the start
+    assert s2.mode == "tree" and s2.value is True
