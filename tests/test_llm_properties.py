@@ -154,6 +154,8 @@ def configs(draw):
         "b_min": draw(st.sampled_from([0, 0, 1, 2, 3])),
         "b_budget": draw(st.integers(1, 4)),
         "b_timed": draw(st.booleans()),                # B has a validator with timeout=
+        # Runtime(budget=Budget(max_attempts=g)): model calls of A and B together
+        "g_budget": draw(st.sampled_from([None, None, None, 1, 3, 5])),
         # what each one does, in a cycle, whenever no script step told it otherwise
         "cycles": draw(st.fixed_dictionaries({
             "va1": st.lists(mostly_default, min_size=1, max_size=4),
@@ -174,7 +176,9 @@ class LLMFaults(RuleBasedStateMachine):
 
     @initialize(cfg=configs(), x0=st.integers(0, 2))
     def build(self, cfg, x0):
-        self.rt = incr.Runtime()
+        self.g_budget = cfg.get("g_budget")
+        self.rt = incr.Runtime(budget=None if self.g_budget is None
+                               else incr.Budget(max_attempts=self.g_budget))
         self.reverts: dict = {}             # label -> [(revision set aside, revision built on)]
         self.rt.on_event(self._event)
         self.x = self.rt.input("x", x0)
@@ -773,6 +777,9 @@ class LLMFaults(RuleBasedStateMachine):
             self._check_checks(node, s)
             if s.status == "stable":
                 self.problems.extend(self._accepted_problems(node, s, f"{node} is stable"))
+        if self.g_budget is not None and sum(self.gen_calls.values()) > self.g_budget:
+            self.problems.append(f"{sum(self.gen_calls.values())} generator calls past the "
+                                 f"runtime's budget of {self.g_budget}")
         if self.rt.stats()["generations"] != sum(self.gen_calls.values()):
             self.problems.append(f"stats generations {self.rt.stats()['generations']} != "
                                  f"{sum(self.gen_calls.values())} generator calls")
