@@ -27,6 +27,9 @@
 #       each; a clean LLM node is `stable`, holds that candidate, and none of those ticks moved
 #       (llmnodes._evidence is the hook).
 
+from incr._codec cimport Record
+
+
 cdef enum NodeFlag:
     F_DIRTY = 1        # a dependency may have changed since verified_at: verify before use
     F_HAS_VALUE = 2    # `value` holds the result of a successful run
@@ -89,24 +92,7 @@ cdef class Persist:
                                      # may be one pushed for verification, not yet checked)
 
 
-cdef class Record:
-    # One stored record, checked (header, checksum, layout) and held undecoded: fields are
-    # offsets into `data`, decoded when used. Layout: incr/store.py.
-    cdef readonly bytes key          # entry key: instance key + trace hash
-    cdef bytes data                  # the whole record, header included
-    cdef readonly long long run      # the run that wrote it
-    cdef Py_ssize_t strs_at, nstr    # the string table (cell identity, label, dependency
-                                     # names): its offset and length
-    cdef Py_ssize_t cell, label      # indexes into it
-    cdef Py_ssize_t args_at, val_at, vh_at   # offsets of blobs (u32 length, then bytes)
-    cdef Py_ssize_t ndeps
-    cdef Py_ssize_t *deps_at         # offset of each dependency
-    # Not tracked by the cyclic collector (holds bytes only). Module-level helpers in _core.pyx,
-    # next to the store functions of Runtime: _read_record (check bytes, make a Record; raises
-    # ValueError only), _pack_record (the writer), _rec_str, _dep_hash_at, _blob_bytes,
-    # _blob_equals, _utf8_valid; _decode_simple / _decode_at (the common argument and value
-    # encodings, read in place; anything else goes to keys.decode); _instance_key;
-    # _add_usage_tag (one hit, for the store's usage log).
+# Record (a checked stored record, held undecoded) and the codec's helpers: incr/_codec.pxd.
 
 
 cdef enum Action:
