@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import incr
 
 PUBLIC = {
@@ -74,6 +76,7 @@ def test_version_and_docstring():
     assert incr.__doc__ and ">>> import incr" in incr.__doc__
 
 
+@pytest.mark.slow   # compiles the three extensions from the sdist: minutes on a busy machine
 def test_sdist_builds_and_installs_as_a_wheel(tmp_path):
     # the sdist must carry the Cython sources (not the generated C) and build a wheel that
     # holds the compiled core without the 3 MB C file
