@@ -78,8 +78,9 @@ def environment() -> dict:
     commit = _git("rev-parse", "--short", "HEAD")
     if _git("status", "--porcelain", "--", "incr"):
         commit += "+modified"
-    pyx = ROOT / "incr" / "_core.pyx"
-    stale = pyx.exists() and pyx.stat().st_mtime > Path(core.__file__).stat().st_mtime
+    built = Path(core.__file__).stat().st_mtime   # the engine's sources: _core.pyx, its parts
+    stale = any(src.stat().st_mtime > built        # (.pxi), declarations and the codec
+                for pat in ("_core*.p*", "_codec.p*") for src in (ROOT / "incr").glob(pat))
     return {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -296,7 +297,8 @@ def main(argv=None) -> int:
     print(f"{env['platform']}, {env['cpu']}, {env['cpus']} CPUs; "
           f"load average {os.getloadavg()[0]:.2f}")
     if env["incr_core_older_than_source"]:
-        print("WARNING: incr/_core.pyx is newer than the compiled incr._core: rebuild first "
+        print("WARNING: the engine's sources (incr/_core*.pyx/.pxi/.pxd, _codec) are newer than "
+              "the compiled incr._core: rebuild first "
               "(pip install -e . --no-build-isolation), or these figures are of the old engine")
     if os.getloadavg()[0] > 0.5:
         print("WARNING: the machine is busy (load average above 0.5): figures will be noisy")

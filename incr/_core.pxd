@@ -1,4 +1,6 @@
-# The data model of incr's engine: read this file first.
+# The data model of incr's engine: read this file first. It is the table of contents of the
+# engine (incr/_core.pyx and the parts it includes, incr/_core_*.pxi): every class's fields,
+# the invariants, and -- at the end -- every algorithm function with the file that holds it.
 #
 # A Runtime owns a trace: Inputs and Instances (one per cell and set of arguments), linked by
 # the dependencies each instance read on its last run (`deps`) and the reverse edges
@@ -18,7 +20,7 @@
 #   I5  an observed instance that is dirty or has no value is in Runtime.dirty_observed;
 #   I6  outside a running computation no instance is RUNNING and the frame stack is empty
 #       (an async run in flight -- in Runtime.inflight -- is RUNNING between its steps);
-#       outside stabilize no instance is DEFERRED;
+#       outside a pass no instance is F_AHEAD;
 #   I7  a clean instance holds no value computed from a dependency revision that has since been
 #       withdrawn or changed without it being verified again. For plain cells that is I1+I2;
 #       an LLM node's candidate also rests on evidence: its state (incr.llmnodes) records, for
@@ -26,6 +28,9 @@
 #       with nothing to validate with, what the candidate's generation read), with the tick of
 #       each; a clean LLM node is `stable`, holds that candidate, and none of those ticks moved
 #       (llmnodes._evidence is the hook).
+
+from incr._codec cimport Record
+
 
 cdef enum NodeFlag:
     F_DIRTY = 1        # a dependency may have changed since verified_at: verify before use
@@ -35,10 +40,10 @@ cdef enum NodeFlag:
     F_INPUT = 16       # an Input (always clean; changed_at moves on set)
     F_MUST_RUN = 32    # found stale during a deep verification; runs once its deps are ready
     F_INVALID = 64     # withdrawn by evidence (a NACK): runs again, never taken from the store
-    F_DEFERRED = 128   # this stabilize pass set its run aside (an executor or a worker thread
-                       # does the work) or it waits for such a dependency: it keeps its value,
-                       # dependencies and stamps and is handed to no reader; cleared between
-                       # passes
+    F_AHEAD = 128      # its run runs ahead this pass (an executor or a worker thread does
+                       # the work; _core_schedule.pxi) or it waits for such a dependency: it
+                       # keeps its value, dependencies and stamps and is handed to no reader;
+                       # cleared between rounds and at the end of the pass
 
 
 cdef class Node:
@@ -89,24 +94,7 @@ cdef class Persist:
                                      # may be one pushed for verification, not yet checked)
 
 
-cdef class Record:
-    # One stored record, checked (header, checksum, layout) and held undecoded: fields are
-    # offsets into `data`, decoded when used. Layout: incr/store.py.
-    cdef readonly bytes key          # entry key: instance key + trace hash
-    cdef bytes data                  # the whole record, header included
-    cdef readonly long long run      # the run that wrote it
-    cdef Py_ssize_t strs_at, nstr    # the string table (cell identity, label, dependency
-                                     # names): its offset and length
-    cdef Py_ssize_t cell, label      # indexes into it
-    cdef Py_ssize_t args_at, val_at, vh_at   # offsets of blobs (u32 length, then bytes)
-    cdef Py_ssize_t ndeps
-    cdef Py_ssize_t *deps_at         # offset of each dependency
-    # Not tracked by the cyclic collector (holds bytes only). Module-level helpers in _core.pyx,
-    # next to the store functions of Runtime: _read_record (check bytes, make a Record; raises
-    # ValueError only), _pack_record (the writer), _rec_str, _dep_hash_at, _blob_bytes,
-    # _blob_equals, _utf8_valid; _decode_simple / _decode_at (the common argument and value
-    # encodings, read in place; anything else goes to keys.decode); _instance_key;
-    # _add_usage_tag (one hit, for the store's usage log).
+# Record (a checked stored record, held undecoded) and the codec's helpers: incr/_codec.pxd.
 
 
 cdef enum Action:
@@ -201,10 +189,10 @@ cdef class Runtime:
     cdef public object halt_reason   # rt.halt(reason) until rt.resume(), else None: LLM loops
                                      # stop before their next generator call (incr.llmnodes)
     cdef readonly dict extensions    # per-runtime state of adapters (incr.adapters.*), by name
-    cdef public object prefetch      # incr.llmnodes._Prefetch while stabilize gathers generator
-                                     # calls and executor runs to make concurrently, else None
+    cdef public object prefetch      # the incr.remote.Ahead of the pass (or top-level gather) that
+                                     # runs work ahead, else None (_core_schedule.pxi)
     cdef readonly object executor    # runs stale cells elsewhere (incr.adapters.dask/ray), or None
-    cdef list deferred               # instances marked F_DEFERRED in this pass
+    cdef list ahead_marked           # instances marked F_AHEAD in this pass
     cdef Instance remote             # the instance whose run takes an executor's result now
     cdef public dict inflight        # key -> asyncio.Future: async work in flight (incr._aio):
                                      # an async instance's run, or a call (single flight)
@@ -223,47 +211,82 @@ cdef class Runtime:
     # counters for stats()
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 
-    cdef Instance lookup(self, Cell c, dict table, tuple bound, bint create)
-    cdef dict table_for(self, Cell cell)
-    cdef object demand(self, Instance n)
-    cdef object ensure(self, Instance n)
-    cdef object settle(self, Instance n, object body)
-    cdef Frame new_frame(self, Instance n)
-    cdef Frame run_begin(self, Instance n)
-    cdef bint run(self, Instance n) except -1
-    cdef bint run_end(self, Instance n, Frame f, bint had, object value) except -1
-    cdef void fail(self, Instance n, list reads, bint had, BaseException e, str where) except *
-    cdef bint run_in_stack(self, Instance m, bint bottom) except -1
-    cdef void rewire(self, Instance n, tuple old, list new)
-    cdef void raise_ts(self, Instance n)
-    cdef void record_read(self, Node n)
-    cdef void record_into(self, Frame f, Node n)
-    cdef void dirty_from(self, Node n)
-    cdef void set_input(self, Input i, object value) except *
-    cdef void apply_set(self, Input i, object value) except *
-    cdef void invalidate(self, Instance n) except *
-    cdef bint absorb_reject(self, BaseException e) except -1
-    cdef list refs(self, object nodes, list stored=*)
-    cdef void check_usable(self) except *
-    cdef bint other_busy(self)
-    cdef bint elsewhere(self, Node n)
-    cdef void enter(self) except *
-    cdef long long quiet_enter(self)
-    cdef void owe(self, list todo)
-    cdef object stabilize_pass(self)
-    cdef void leave(self)
-    cdef void apply_pending(self)
-    cdef int attempt(self, Instance m, list stack, list idx) except -1
-    cdef int probe_step(self, Instance m, list stack, list idx) except -1
-    cdef void adopt(self, Instance m, Record rec, list resolved) except *
-    cdef Node resolve(self, Record rec, Py_ssize_t i)
-    cdef Node resolve_cell(self, str name, bytes data, Py_ssize_t args_at)   # (store lookup)
-    cdef int no_match(self, Persist p)                # a lookup ends without a match
-    cdef object index_node(self, bytes key)           # an index node's value, or None
-    cdef Record index_entry(self, bytes ikey, bytes key)   # a sound entry's Record, or None
-    cdef object index_choose(self, bytes ikey, bytes v)  # where an index node leads
-    cdef Persist persist_of(self, Instance n)
-    cdef Persist persist_with(self, Instance n, str ident, bytes args)
-    cdef object value_hash(self, Node n)
-    cdef void record(self, Instance n) except *
-    cdef void flush(self, bint quiet) except *
+
+cdef enum:   # what one step of a store lookup did (_core_store.pxi)
+    DONE = 0
+    PUSHED = 1
+    NOMATCH = 2
+
+
+# ---- The algorithms: module-level functions taking the runtime, one file per step ----------
+# (_core.pyx includes the files; Runtime's Python-visible methods delegate to them. Per-edge
+# helpers are `cdef inline` in their file and not declared here: record_read, record_into,
+# other_busy (demand), new_frame (execute), _needs_work (verify), _same_value (backdate).)
+
+# _core_demand.pxi -- a demand, top-level or nested: the hit path, the cold path, the pass
+# bracket (enter/leave), the instance table
+cdef Instance lookup(Runtime rt, Cell c, dict table, tuple bound, bint create)
+cdef dict table_for(Runtime rt, Cell cell)
+cdef object demand(Runtime rt, Instance n)          # the hit path
+cdef object demand_cold(Runtime rt, Instance n)     # the cold path
+cdef object settle(Runtime rt, Instance n, object body)
+cdef bint absorb_reject(Runtime rt, BaseException e) except -1
+cdef void check_usable(Runtime rt) except *
+cdef bint elsewhere(Runtime rt, Node n)
+cdef void enter(Runtime rt) except *
+cdef void leave(Runtime rt)
+cdef void apply_pending(Runtime rt)
+cdef long long quiet_enter(Runtime rt)
+cdef void owe(Runtime rt, list todo)
+
+# _core_verify.pxi -- bring one instance up to date on an explicit stack (Salsa's
+# maybe_changed_after)
+cdef object ensure(Runtime rt, Instance n)
+cdef int attempt(Runtime rt, Instance m, list stack, list idx) except -1
+cdef bint run_in_stack(Runtime rt, Instance m, bint bottom) except -1
+
+# _core_execute.pxi -- run an instance's function and record what it read
+cdef Frame run_begin(Runtime rt, Instance n)
+cdef bint run(Runtime rt, Instance n) except -1
+cdef bint run_end(Runtime rt, Instance n, Frame f, bint had, object value) except -1
+cdef void fail(Runtime rt, Instance n, list reads, bint had, BaseException e, str where) except *
+cdef void rewire(Runtime rt, Instance n, tuple old, list new)
+cdef void raise_ts(Runtime rt, Instance n)
+
+# _core_backdate.pxi -- the cutoff decision: is a recomputed value the old one?
+cdef bint backdate(Instance n, object value) except -1
+
+# _core_propagate.pxi -- an input changes: dirty marking (push), batches, withdrawal
+cdef void dirty_from(Runtime rt, Node n)
+cdef void set_input(Runtime rt, Input inp, object value) except *
+cdef void apply_set(Runtime rt, Input inp, object value) except *
+cdef void invalidate(Runtime rt, Instance n) except *
+
+# _core_stabilize.pxi -- one stabilization: observed instances in timestamp order, then callbacks
+cdef object stabilize_pass(Runtime rt)
+
+# _core_schedule.pxi -- running ahead: work a pass sets aside and runs concurrently
+cdef void ahead_start(Runtime rt) except *
+cdef bint ahead_open(Runtime rt) except -1
+cdef void ahead_round(Runtime rt, int rounds) except *
+cdef void ahead_close(Runtime rt)
+cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1   # an executor
+
+# _core_store.pxi -- adopt a stored trace instead of running; record a run for the store
+cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1
+cdef int no_match(Runtime rt, Persist p)               # a lookup ends without a match
+cdef object index_node(Runtime rt, bytes key)          # an index node's value, or None
+cdef Record index_entry(Runtime rt, bytes ikey, bytes key)   # a sound entry's Record, or None
+cdef object index_choose(Runtime rt, bytes ikey, bytes v)    # where an index node leads
+cdef void adopt(Runtime rt, Instance m, Record rec, list resolved) except *
+cdef Node resolve(Runtime rt, Record rec, Py_ssize_t i)
+cdef Node resolve_cell(Runtime rt, str name, bytes data, Py_ssize_t args_at)
+cdef Persist persist_of(Runtime rt, Instance n)
+cdef Persist persist_with(Runtime rt, Instance n, str ident, bytes args)
+cdef object value_hash(Runtime rt, Node n)
+cdef void record(Runtime rt, Instance n) except *
+cdef list refs(Runtime rt, object nodes, list stored=*)
+cdef void flush(Runtime rt, bint quiet) except *
+
+# _core_explain.pxi -- explain(), stats(), and _check() (the invariants above, I1-I7)
+cdef object check(Runtime rt)

@@ -76,6 +76,7 @@ def test_version_and_docstring():
     assert incr.__doc__ and ">>> import incr" in incr.__doc__
 
 
+@pytest.mark.slow   # compiles the three extensions from the sdist: minutes on a busy machine
 def test_sdist_builds_and_installs_as_a_wheel(tmp_path):
     # the sdist must carry the Cython sources (not the generated C) and build a wheel that
     # holds the compiled core without the 3 MB C file
@@ -100,17 +101,22 @@ def test_sdist_builds_and_installs_as_a_wheel(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     sdist = next((tmp_path / "dist").glob("incr-*.tar.gz"))
     names = tarfile.open(sdist).getnames()
-    assert any(n.endswith("incr/_core.pyx") for n in names), names
-    assert any(n.endswith("incr/_core.pxd") for n in names)
-    assert not any(n.endswith("incr/_core.c") for n in names)
+    # every Cython source git tracks (modules, declarations, included fragments) is in it
+    sources = [n for n in tracked.stdout.splitlines()
+               if n.startswith("incr/") and n.endswith((".pyx", ".pxd", ".pxi"))]
+    assert "incr/_core.pyx" in sources and "incr/_codec.pyx" in sources, sources
+    for name in sources:
+        assert any(n.endswith("/" + name) for n in names), (name, names)
+    assert not any(n.endswith(".c") and "/incr/" in n for n in names), names
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                           "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(sdist)],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     wheel = next((tmp_path / "wheel").glob("incr-*.whl"))
     files = zipfile.ZipFile(wheel).namelist()
-    assert any(f.startswith("incr/_core.") and f.endswith(".so") for f in files), files
-    assert not any(f.endswith("_core.c") or f.endswith("_core.pyx") for f in files)
+    for ext in ("_core", "_codec", "_collections"):
+        assert any(f.startswith(f"incr/{ext}.") and f.endswith(".so") for f in files), files
+    assert not any(f.endswith((".c", ".pyx", ".pxi")) for f in files), files
     assert any(f.endswith("licenses/LICENSE") for f in files)
 
 

@@ -1,0 +1,203 @@
+# The current runtime and the top-level entry points that are not methods: current(),
+# untracked(), incr.gather (and its _Gather rounds), and the fork handler.
+#
+# Contract:
+#   - current() is the runtime of the innermost `with rt:` / running computation in this
+#     context (a contextvar), else the default runtime;
+#   - untracked() records no read of what it demands into the running frame (rt.quiet), and
+#     restores the previous quiet frame on every exit;
+#   - gather demands every thunk even when one hands work to run ahead (_Deferred) or needs
+#     async work (_Suspend), then raises that, so the pass gathers all of it at once; a
+#     top-level gather with nothing above it runs the rounds itself (ahead_open/ahead_round/
+#     ahead_close in _core_schedule.pxi);
+#   - after fork(), a runtime another thread of the parent was computing on is closed in the
+#     child with an error that says so.
+
+
+_default_runtime = None
+
+
+import os as _os
+import weakref as _weakref
+_runtimes = _weakref.WeakSet()       # every live runtime, for the fork handler below
+
+
+def _after_fork_in_child():
+    # A runtime that another thread of the parent was computing on when the process forked is
+    # half-way through a run that no thread of the child will finish: it is closed in the
+    # child, with an error that says so. (The forking thread's own runtimes go on as they were.)
+    cdef Runtime rt
+    me = PyThread_get_thread_ident()
+    for r in list(_runtimes):
+        rt = <Runtime>r
+        if rt.busy_depth and rt.busy_thread != me or (rt.frames and rt.owner != me):
+            rt.forked_mid_run = (
+                "this incr.Runtime was computing in another thread when the process forked, "
+                "and that computation does not exist in the child; create a new Runtime in the "
+                "child (on the same store, if it has one)")
+            rt.closed = True
+            rt.busy_depth = 0
+            rt.busy_thread = 0
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def current():
+    """The active runtime: the innermost ``with rt:`` in this context, else the process-wide
+    in-memory runtime (created on first use)."""
+    global _default_runtime
+    rt = get_value(_active)
+    if rt is not None:
+        return rt
+    if _default_runtime is None:
+        _default_runtime = Runtime()
+    return _default_runtime
+
+
+class _Untracked:
+    __slots__ = ("rt", "saved", "worker")
+
+    def __enter__(self):
+        cdef Runtime rt = <Runtime>current()
+        self.rt = rt
+        self.worker = rt.prefetch is not None and rt.prefetch.is_worker()
+        if self.worker:     # a generator run ahead in a worker thread: its reads are logged
+            rt.prefetch.quiet(1)
+        self.saved = quiet_enter(rt)
+        return None
+
+    def __exit__(self, *exc):
+        (<Runtime>self.rt).quiet = self.saved
+        if self.worker:
+            (<Runtime>self.rt).prefetch.quiet(-1)
+        return False
+
+
+def gather(*thunks):
+    """Demand several things at once; returns their results in order.
+
+    Each argument is a function of no arguments (``lambda: a(1)``); each is called once.
+    Inside a cell, or at top level, with work that can run concurrently (the generator calls
+    of ``incr.llm`` nodes, in up to ``max_workers`` threads; an executor's runs), that work is
+    gathered across all the thunks and done at once -- where calling them one after the other
+    would wait for each. The values, the dependencies recorded and the model calls made are
+    those of calling them in order: ``[t() for t in thunks]``. (Salsa's ``par_map``.)
+
+    Raises the first exception a thunk raises, as calling them in order would.
+
+    >>> import incr
+    >>> @incr.cell
+    ... def sq(x):
+    ...     return x * x
+    >>> with incr.Runtime():
+    ...     incr.gather(lambda: sq(2), lambda: sq(3))
+    [4, 9]
+    """
+    for t in thunks:
+        if not callable(t):
+            raise TypeError(f"incr.gather() takes functions of no arguments (lambda: cell(x)), "
+                            f"got {t!r}")
+    cdef Runtime rt = <Runtime>current()
+    if rt.prefetch is not None and rt.prefetch.reading and rt.prefetch.is_worker():
+        return _Gather(thunks).each()   # a generator running ahead: its reads are logged
+    if not rt.frames and not rt.stabilizing:
+        # at top level: one pass over all of them (one store commit, work gathered)
+        check_usable(rt)
+        token = _active.set(rt)
+        enter(rt)
+        try:
+            return settle(rt, None, _Gather(thunks))
+        finally:
+            leave(rt)
+            _active.reset(token)
+    return _Gather(thunks)()
+
+
+class _Gather:
+    """Call every thunk; if some hand work over to run ahead (incr.errors._Deferred), go on
+    with the others so that all of it is gathered, then raise it: the pass runs the work and
+    calls again."""
+
+    def __init__(self, thunks):
+        self.thunks = thunks
+
+    def __call__(self):
+        cdef Runtime rt = <Runtime>current()
+        own = ahead_open(rt)   # no pass runs work ahead already: this gather does, in rounds
+        rounds = 0
+        rt._gathering(1)     # cells demanded here may be shipped to an executor (first runs too)
+        try:
+            while True:
+                try:
+                    return self.each()
+                except _Suspend:
+                    raise
+                except _Deferred:
+                    if not own:
+                        raise          # the pass runs the work, then runs this cell again
+                    rounds += 1
+                    ahead_round(rt, rounds)
+        finally:
+            rt._gathering(-1)
+            if own:
+                ahead_close(rt)
+
+    def each(self):
+        out = []
+        deferred = None
+        for t in self.thunks:
+            try:
+                out.append(t())
+            except _Suspend as d:
+                # async work: all of it is gathered into one, done concurrently at the
+                # nearest await of incr
+                if isinstance(deferred, _Suspend):
+                    deferred.works.extend(d.works)
+                else:
+                    deferred = d
+                out.append(None)
+            except _Deferred as d:
+                if deferred is None:
+                    deferred = d
+                out.append(None)
+            except BaseException as e:
+                if deferred is not None and isinstance(e, Exception):
+                    raise deferred     # the work to run ahead comes first; this raises again
+                if isinstance(deferred, _Suspend):
+                    _aio_mod().abandon(current(), deferred.works)   # an interrupt: dropped
+                raise
+        if deferred is not None:
+            raise deferred
+        return out
+
+
+def untracked(fn=None, *args, **kwargs):
+    """Read without recording dependencies.
+
+    ``incr.untracked(fn, *args, **kwargs)`` calls ``fn`` and returns its result;
+    ``with incr.untracked(): ...`` does the same for a block. Inside a running cell, inputs
+    read and cells demanded there are not recorded as that cell's dependencies: a later
+    change of them does not re-run it (the cells demanded still record their own reads and
+    stay incremental). Outside a cell it changes nothing. For logging, progress, debugging:
+    a value that affects the result must be read tracked, or the result goes stale.
+
+    >>> import incr
+    >>> rt = incr.Runtime()
+    >>> x = rt.input("x", 1)
+    >>> @incr.cell
+    ... def f():
+    ...     return incr.untracked(x.get)
+    >>> with rt:
+    ...     f(), x.set(2), f()
+    (1, None, 1)
+    """
+    if fn is None:
+        if args or kwargs:
+            raise TypeError("incr.untracked(): arguments given without a function")
+        return _Untracked()
+    if not callable(fn):
+        raise TypeError(f"incr.untracked() needs a callable, got {fn!r}")
+    with _Untracked():
+        return fn(*args, **kwargs)

@@ -1,0 +1,208 @@
+# Execute: run an instance's function and record what it read (Salsa's execute). run_begin
+# pushes a frame, run calls the function, run_end records the result -- the cutoff decision
+# (backdate, _core_backdate.pxi), the new edges (rewire), the timestamps (raise_ts), the
+# store record -- and fail records a run that raised.
+#
+# Invariants kept:
+#   - a failed run keeps no value: value None, F_HAS_VALUE cleared (a change if it had one);
+#     its partial reads are kept as edges, so a reader that caught the exception is made stale
+#     when the cause changes; the exception is kept for the pass (rt.failed);
+#   - a run unwound for async work (_Suspend, CancelledError) or whose work runs ahead
+#     (_Deferred) records nothing: the instance keeps value, edges and stamps;
+#   - I3: rewire keeps `dependents` the exact reverse of `deps`; I4: raise_ts puts n after its
+#     dependencies and pushes its dependents after it (explicit stack);
+#   - a coroutine is never a value: a sync function that returns one fails with TypeError.
+
+
+cdef inline Frame new_frame(Runtime rt, Instance n):
+    cdef Frame f
+    rt.frame_ids += 1
+    f = Frame.__new__(Frame)
+    f.node = n
+    f.reads = []
+    f.id = rt.frame_ids
+    return f
+
+
+cdef Frame run_begin(Runtime rt, Instance n):
+    # push n's frame and mark it running (run, and incr._aio for an async cell)
+    cdef Frame f = new_frame(rt, n)
+    if not rt.frames:
+        rt.owner = PyThread_get_thread_ident()
+    rt.frames.append(f)
+    n.flags = (n.flags | F_RUNNING) & ~F_INVALID
+    return f
+
+
+cdef bint run(Runtime rt, Instance n) except -1:
+    cdef Frame f
+    cdef bint had = (n.flags & F_HAS_VALUE) != 0
+    cdef object value
+    if n.cell.is_async:
+        # an async cell: run on this thread's event loop (sync code), or, inside a
+        # running loop, unwind to the nearest await, which runs it (incr._aio)
+        return _aio_mod().run_sync(rt, n)
+    cdef Py_ssize_t unwinding = len(rt.unwinding) if _async_defined else 0
+    f = run_begin(rt, n)
+    try:
+        if rt.remote is n:
+            value = rt.prefetch.take(n)   # an executor's result; its reads replayed
+        elif n.fresh_args:
+            value = n.cell.invoke(_keys.own_args(n.args))   # a copy it may mutate
+        else:
+            value = n.cell.invoke(n.args)
+        if _async_defined and len(rt.unwinding) > unwinding:
+            # the function caught the unwinding for async work (an `except BaseException`
+            # or a bare `except:`) and returned: its value may rest on a failure that was
+            # not one. Not kept: the unwinding goes on, and it runs again after the work
+            works = rt.unwinding[unwinding:]
+            del rt.unwinding[unwinding:]
+            raise _Suspend(works)
+    except BaseException as e:
+        rt.frames.pop()
+        fail(rt, n, f.reads, had, e, "raised in cell")
+        raise
+    rt.frames.pop()
+    return run_end(rt, n, f, had, value)
+
+
+cdef bint run_end(Runtime rt, Instance n, Frame f, bint had, object value) except -1:
+    # record a finished run of n (its frame already popped): cutoff, edges, stamps, store
+    cdef bint same
+    if type(value) is _CoroutineType:
+        value.close()   # never awaited: no "never awaited" warning, and never a value
+        e = TypeError(f"{n.label()} returned a coroutine: the function is sync but "
+                      f"returned an awaitable; await it inside the function, or make "
+                      f"the function return the value. A coroutine is never a value.")
+        fail(rt, n, f.reads, had, e, "raised in cell")
+        raise e
+    n.flags &= ~F_RUNNING
+    same = False
+    if had:
+        try:
+            same = backdate(n, value)
+        except BaseException as e:
+            fail(rt, n, f.reads, had, e, "raised in the cutoff of cell")
+            raise
+    rewire(rt, n, n.deps, f.reads)
+    if not same:
+        n.vhash = None
+    if same:
+        n.last_action = A_CUTOFF
+        rt.n_cutoff += 1
+        rt.n_recomputed += 1
+    else:
+        n.value = value
+        n.changed_at = rt.clock
+        n.changed_rev = rt.revision
+        if had:
+            n.last_action = A_RECOMPUTED
+            rt.n_recomputed += 1
+        else:
+            n.last_action = A_COMPUTED
+            n.why = None
+            rt.n_computed += 1
+    n.verified_at = rt.clock
+    n.ran_rev = rt.revision
+    n.flags = (n.flags | F_HAS_VALUE) & ~F_DIRTY
+    raise_ts(rt, n)
+    if rt.store is not None:
+        try:
+            record(rt, n)
+        except Exception as e:  # persistence is best effort: the value stays in memory
+            _warn_once(n.cell, f"incr: {n.label()} could not be stored ({e!r})")
+    if rt.report_log is not None:
+        rt.report_log.append((n, n.last_action))
+    return True
+
+
+cdef void fail(Runtime rt, Instance n, list reads, bint had, BaseException e, str where) except *:
+    # A failed run keeps nothing: no value (a change, if it had one); the dependencies it
+    # read before failing stay as edges, so a reader that caught the exception is made
+    # stale when what caused it changes. The exception is kept for the rest of the pass.
+    cdef str chain
+    if isinstance(e, (_Suspend, _CancelledError)):
+        # -- unwound to an await (incr._aio), or cancelled ---------------------------------
+        # Nothing is recorded: n keeps its value, dependencies and stamps and stays stale;
+        # it runs again when demanded.
+        n.flags &= ~F_RUNNING
+        return
+    if isinstance(e, _Deferred):
+        # -- its work runs ahead (_core_schedule.pxi) ---------------------------------------
+        # Not a failure: stabilize runs the work ahead and this run starts again in the
+        # next pass. It leaves nothing behind: n keeps its value, dependencies and stamps,
+        # stays stale, and waits (F_AHEAD), as does whatever reads it.
+        n.flags = (n.flags & ~F_RUNNING) | F_AHEAD
+        rt.ahead_marked.append(n)
+        if n.observed_by is not None:
+            rt.dirty_observed.append(n)
+        return
+    n.flags &= ~(F_RUNNING | F_HAS_VALUE | F_DIRTY)
+    rewire(rt, n, n.deps, reads)
+    n.value = None
+    n.vhash = None
+    if had:  # losing a value is a change; failing again is not
+        n.changed_at = rt.clock
+        n.changed_rev = rt.revision
+    n.verified_at = rt.clock
+    n.ran_rev = rt.revision
+    n.last_action = A_FAILED
+    rt.failed[n] = e
+    rt.n_failed += 1
+    if n.observed_by is not None:
+        rt.dirty_observed.append(n)
+    raise_ts(rt, n)
+    if not getattr(e, "_incr_noted", False):
+        chain = " <- ".join([(<Frame>x).node.label() for x in reversed(rt.frames)])
+        _add_note(e, f"incr: {where} {n.label()}" + (f", called from {chain}" if chain else ""))
+        try:
+            e._incr_noted = True
+        except Exception:
+            pass
+    if rt.report_log is not None:
+        rt.report_log.append((n, A_FAILED))
+
+
+cdef void rewire(Runtime rt, Instance n, tuple old, list new):
+    cdef Py_ssize_t i, k = len(old)
+    cdef Node d
+    if k == len(new):
+        for i in range(k):
+            if old[i] is not new[i]:
+                break
+        else:
+            return
+    for d in old:
+        d.dependents.remove(n)
+    for d in new:
+        if d.dependents is None:
+            d.dependents = [n]
+        else:
+            d.dependents.append(n)
+    n.deps = tuple(new)
+
+
+cdef void raise_ts(Runtime rt, Instance n):
+    # keep I4: n after all its deps; then every dependent after n, transitively
+    cdef Node d
+    cdef Instance m
+    cdef long long top = 0
+    for d in n.deps:
+        if d.ts > top:
+            top = d.ts
+    if n.ts > top:
+        return
+    rt.ts_clock += 1
+    n.ts = rt.ts_clock
+    if n.dependents is None:
+        return
+    cdef list stack = [n]
+    while stack:
+        d = <Node>stack.pop()
+        if d.dependents is None:
+            continue
+        for m in d.dependents:
+            if m.ts <= d.ts:
+                rt.ts_clock += 1
+                m.ts = rt.ts_clock
+                stack.append(m)

@@ -1,0 +1,83 @@
+# Propagate: an input changes (push). set_input checks who may change the trace now;
+# apply_set ticks the clock, moves the revision (once per batch) and marks every transitive
+# dependent not yet dirty as dirty (dirty_from, an explicit list: O(newly dirty)); invalidate
+# withdraws an instance's value (a NACK) the same way.
+#
+# Invariants kept:
+#   - I1: dirtiness is pushed to every dependent, transitively, and stops at instances
+#     already dirty (their dependents are dirty already);
+#   - I5: an observed instance made dirty is queued in rt.dirty_observed;
+#   - never a mix within a pass: during another thread's pass (or with frames on another
+#     thread) a set is queued in rt.pending_sets and applied by leave() as the next revision;
+#     on the computing thread, a set inside a computation or a stabilization is a
+#     ReentrancyError.
+
+
+cdef void dirty_from(Runtime rt, Node n):
+    # walked by index: a list used as a stack that empties and refills reallocates
+    cdef Instance m
+    cdef Py_ssize_t i = 0
+    if n.dependents is None:
+        return
+    cdef list todo = list(n.dependents)
+    while i < len(todo):
+        m = <Instance>todo[i]
+        i += 1
+        if m.flags & F_DIRTY:
+            continue
+        m.flags |= F_DIRTY
+        if m.observed_by is not None:
+            rt.dirty_observed.append(m)
+        if m.dependents is not None:
+            todo.extend(m.dependents)
+
+
+cdef void set_input(Runtime rt, Input inp, object value) except *:
+    check_usable(rt)
+    if other_busy(rt) or (rt.frames and PyThread_get_thread_ident() != rt.owner
+                             and rt.busy_depth):
+        # another thread's pass works on the current revision: this change forms the
+        # next one, applied when that pass ends (never a mix of old and new in it)
+        rt.pending_sets.append((inp, value))
+        return
+    if rt.frames:
+        raise ReentrancyError(rt._reentrancy(f"set input {inp.name!r}"))
+    if rt.stabilizing:
+        raise ReentrancyError(rt._reentrancy(f"set input {inp.name!r}"))
+    cur = get_value(_active)
+    if cur is not None and cur is not rt and (<Runtime>cur).frames:
+        raise ReentrancyError((<Runtime>cur)._reentrancy(f"set input {inp.name!r}"))
+    apply_set(rt, inp, value)
+
+
+cdef void apply_set(Runtime rt, Input inp, object value) except *:
+    if _same_value(inp.value, value):
+        return
+    inp.value = value
+    inp.vhash = None
+    rt.clock += 1
+    if rt.batch_depth == 0:
+        rt.revision += 1
+    elif not rt.batch_bumped:
+        rt.revision += 1
+        rt.batch_bumped = True
+    inp.changed_at = rt.clock
+    inp.changed_rev = rt.revision
+    dirty_from(rt, inp)
+
+
+cdef void invalidate(Runtime rt, Instance n) except *:
+    rt.clock += 1
+    if rt.batch_depth == 0:
+        rt.revision += 1
+    elif not rt.batch_bumped:
+        rt.revision += 1
+        rt.batch_bumped = True
+    if n.flags & F_HAS_VALUE:
+        n.flags |= F_INVALID
+        n.why = n                     # explain: withdrawn by evidence
+        if not (n.flags & F_DIRTY):
+            n.flags |= F_DIRTY
+            if n.observed_by is not None:
+                rt.dirty_observed.append(n)
+    dirty_from(rt, n)

@@ -1,0 +1,201 @@
+# Stabilize: one stabilization pass (Jane Street's stabilize, in Salsa's order). The dirty
+# observed instances are brought up to date in timestamp order (ensure); work that runs ahead
+# is run between rounds (ahead_round) and the pass runs again; an incr.Reject withdraws the
+# blamed candidate and the pass runs again (at most MAX_REJECTS); then the callbacks of the
+# observers whose value changed run, once, outside the trace.
+#
+# Invariants kept:
+#   - no callback sees a mix of old and new values: callbacks run after everything is up to
+#     date; an interrupt owes the callbacks not yet called to the next pass (rt.unnotified);
+#   - I5 at the end: every observed instance not up to date (stale, failed, interrupted) is
+#     back in rt.dirty_observed;
+#   - pass-only state is cleared on every exit: stabilizing, report_log, rt.prefetch and every
+#     F_AHEAD mark (ahead_close); the store is flushed once per pass.
+
+
+cdef object stabilize_pass(Runtime rt):
+    cdef list todo = []
+    cdef Instance n
+    cdef Observer o
+    cdef bint done = False
+    t0 = time.perf_counter()
+    if rt.llm is not None and rt.llm.listeners:
+        from incr import llmnodes as _llm
+        _llm.pass_started(rt)
+    for n in dict.fromkeys(rt.dirty_observed):  # once each, in the order queued
+        if n.observed_by is not None:
+            todo.append(n)
+    rt.dirty_observed = []
+    todo.sort(key=_ts_key)
+    errors = []
+    log = []
+    reused0 = rt.n_reused
+    token = _active.set(rt)
+    rt.stabilizing = True
+    rt.report_log = log
+    if not rt.keep_failed:
+        rt.failed.clear()
+    cdef list suspended = None   # async work met by this pass (created when met)
+    cdef int rejects = 0
+    cdef int rounds = 0
+    ahead_start(rt)
+    try:
+        while True:
+            ahead = False
+            for n in todo:
+                if n.flags & F_AHEAD:
+                    ahead = True        # its work runs ahead, from earlier in this pass
+                elif not (n.flags & F_HAS_VALUE) and n in rt.failed:
+                    errors.append((n, rt.failed[n]))  # failed earlier in this pass
+                elif _needs_work(n):
+                    try:
+                        ensure(rt, n)
+                    except _Suspend as s:
+                        if suspended is None:      # async work: gathered, done at once
+                            suspended = []
+                        suspended.extend(s.works)
+                    except _Deferred:
+                        ahead = True
+                    except Exception as e:
+                        errors.append((n, e))
+            if suspended:
+                # inside a running event loop, observed instances need async work: the
+                # pass stops here (nothing half-recorded) and rt.astabilize does the work
+                # of all of them concurrently, then passes again (incr._aio)
+                s = _Suspend(suspended)
+                suspended = None
+                raise s
+            if rt.ahead_marked:
+                ahead = True
+            if ahead:
+                # generator calls and executor runs this pass met run ahead now,
+                # concurrently; then the pass runs again and takes their results
+                # (replaying what they read)
+                rounds += 1
+                ahead_round(rt, rounds)
+                errors = []
+                rt.failed.clear()
+                todo = [n for n in dict.fromkeys(todo + rt.dirty_observed)
+                        if n.observed_by is not None]
+                rt.dirty_observed = []
+                todo.sort(key=_ts_key)
+                continue
+            # an incr.Reject withdraws the candidate it blames (its dependents become
+            # stale through the usual propagation); the pass then runs again
+            again = False
+            for n, e in errors:
+                if isinstance(e, Reject) and rejects < MAX_REJECTS and absorb_reject(rt, e):
+                    rejects += 1
+                    again = True
+                    break
+            if not again:
+                break
+            errors = []
+            rt.failed.clear()
+            todo = [n for n in dict.fromkeys(todo + rt.dirty_observed)
+                    if n.observed_by is not None]
+            rt.dirty_observed = []
+            todo.sort(key=_ts_key)
+        done = True
+    except BaseException as e:
+        if suspended:
+            # interrupted with async work started for this pass: nobody will finish it
+            _aio_mod().abandon(rt, suspended)
+        raise
+    finally:
+        rt.stabilizing = False
+        rt.report_log = None
+        ahead_close(rt)
+        for n in todo:       # (I5) one not up to date (still stale, failed, interrupted)
+            if n.observed_by is not None and _needs_work(n):   # waits for the next pass
+                rt.dirty_observed.append(n)
+        if not done:
+            # interrupted (Ctrl-C, any exception): the callbacks of what was brought up to
+            # date are owed to the next pass
+            owe(rt, todo)
+        _active.reset(token)
+        if rt.store is not None:
+            try:
+                flush(rt, bool(errors))
+            except BaseException:
+                if done:   # the pass is done but its callbacks will not run now
+                    owe(rt, todo)
+                raise
+    failed = {}
+    for n, e in errors:
+        failed.setdefault(n, e)
+    # callbacks run once everything is up to date, outside the trace: every one of them,
+    # even if one raises; an interrupt keeps the rest for the next pass
+    due = rt.unnotified
+    rt.unnotified = []
+    for n in todo:
+        if n.observed_by is None:
+            continue
+        e = failed.get(n)
+        for o in n.observed_by:
+            if e is not None:
+                o.error = e
+            elif n.flags & F_HAS_VALUE:
+                o.error = None
+                if o.seen_at != n.changed_at:
+                    due.append(o)
+    cb_errors = _notify(due, rt)
+    report = Stabilization(log, rt.n_reused - reused0, time.perf_counter() - t0,
+                           rt.revision)
+    if rt.llm is not None and rt.llm.listeners:
+        from incr import llmnodes as _llm
+        _llm.pass_finished(rt, report, errors)
+    if errors:
+        n, e = errors[0]
+        _add_note(e, f"incr: raised while stabilizing the observed instance {n.label()}")
+        for n2, e2 in errors[1:]:
+            if e2 is not e:
+                _add_note(e, f"incr: {(<Instance>n2).label()} also raised "
+                             f"{type(e2).__name__}: {e2}")
+        if cb_errors:
+            raise _group("incr: stabilize raised, and so did on_change callbacks",
+                         [e] + cb_errors)
+        raise e
+    if cb_errors:
+        raise _group(f"incr: {len(cb_errors)} on_change callback(s) raised", cb_errors)
+    return report
+
+
+def _ts_key(Instance n):
+    return n.ts
+
+
+cdef list _notify(list due, Runtime rt):
+    # Call the callbacks of every observer in ``due`` once with its instance's value. An
+    # exception from a callback is collected and the rest still run; an interrupt
+    # (KeyboardInterrupt, SystemExit) keeps the observers not yet served for the next pass.
+    cdef Observer o
+    cdef Py_ssize_t i
+    cdef list errors = []
+    for i in range(len(due)):
+        o = <Observer>due[i]
+        if not o.active or not (o.node.flags & F_HAS_VALUE) or o.seen_at == o.node.changed_at:
+            continue
+        o.seen_at = o.node.changed_at
+        value = o.node.value
+        try:
+            for cb in list(o.callbacks):
+                try:
+                    cb(value)
+                except Exception as e:
+                    _add_note(e, f"incr: raised in an on_change callback of {o.node.label()}")
+                    errors.append(e)
+        except BaseException:
+            o.seen_at = -1      # delivered again in full next time rather than lost
+            rt.unnotified.extend(due[i:])
+            raise
+    return errors
+
+
+def _group(str message, list errors):
+    try:
+        return ExceptionGroup(message, errors)
+    except NameError:   # Python 3.10: the first, with the others attached
+        e = errors[0]
+        e.incr_exceptions = list(errors)
+        return e

@@ -1,0 +1,160 @@
+# Verify: bring one instance up to date without recursion (Salsa's maybe_changed_after, on
+# an explicit stack). ensure() walks the recorded dependencies in read order; the first one
+# found changed (changed_at > verified_at) makes the instance run -- attempt(): from the
+# store if a stored trace matches (_core_store.pxi), through an executor when one runs work
+# ahead (_core_schedule.pxi), else here (run_in_stack, _core_execute.pxi). An instance whose
+# dependencies all check out is marked verified without running (A_REUSED).
+#
+# Invariants kept:
+#   - every stale instance runs at most once per pass; after ensure(n), n is clean at the
+#     current clock (I1, I2) or marked F_AHEAD (then _Deferred is raised, never the old value);
+#   - Salsa's order when shallow: dependencies after the changed one are not touched before
+#     the run (a branch the new run no longer takes is never brought up to date); deeper than
+#     DEEP frames, dependencies first (no recursion proportional to depth);
+#   - on any exception, F_VERIFYING and F_MUST_RUN are cleared on everything on the stack and
+#     a lookup in progress is dropped (Persist.cands/resolved None): lookup state is empty
+#     outside a lookup, pass-only flags are clear outside a pass.
+
+
+cdef inline bint _needs_work(Node n):
+    return (n.flags & (F_DIRTY | F_HAS_VALUE)) != F_HAS_VALUE
+
+
+cdef object ensure(Runtime rt, Instance n):
+    # Bring n up to date. Recorded dependencies are walked with an explicit stack, so the
+    # depth of the graph never becomes depth of the C or Python stack.
+    cdef list stack = [n]
+    cdef list idx = [0]
+    cdef Instance m
+    cdef Node d
+    cdef tuple deps
+    cdef Py_ssize_t i, nd
+    cdef bint pushed, must_run
+    if n.flags & F_AHEAD:
+        raise _Deferred(n.label())    # runs ahead in this pass: whatever reads it waits
+    n.flags |= F_VERIFYING
+    try:
+        while stack:
+            m = <Instance>stack[len(stack) - 1]
+            if m.persist is not None and m.persist.cands is not None:
+                # a store lookup in progress: a dependency it pushed is now up to date
+                if attempt(rt, m, stack, idx) == PUSHED:
+                    continue
+            elif not _needs_work(m):
+                pass
+            elif not (m.flags & F_HAS_VALUE):
+                if attempt(rt, m, stack, idx) == PUSHED:
+                    continue
+            else:
+                i = <Py_ssize_t>idx[len(idx) - 1]
+                deps = m.deps
+                nd = len(deps)
+                pushed = False
+                must_run = (m.flags & (F_MUST_RUN | F_INVALID)) != 0
+                while i < nd:
+                    d = <Node>deps[i]
+                    if d.flags & F_AHEAD:
+                        # its run runs ahead in this pass: m waits for the next round.
+                        # With an executor the scan goes on (independent work is shipped
+                        # together); without one it stops here, in Salsa's order: d's new
+                        # value may take m's new run away from the dependencies after it
+                        m.flags |= F_AHEAD
+                        if rt.executor is None:
+                            break
+                        i += 1
+                        continue
+                    if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
+                        if rt.inflight and elsewhere(rt, d):
+                            raise _Suspend([_aio_mod().Wait(d)])   # another task runs it
+                        if d.flags & (F_VERIFYING | F_RUNNING):
+                            raise CycleError([m.label(), _node_label(d), m.label()])
+                        idx[len(idx) - 1] = i
+                        d.flags |= F_VERIFYING
+                        stack.append(d)
+                        idx.append(0)
+                        pushed = True
+                        break
+                    if not must_run and (not (d.flags & F_HAS_VALUE)
+                                         or d.changed_at > m.verified_at):
+                        # d failed last time, or changed: m must run
+                        must_run = True
+                        m.why = d
+                        if len(rt.frames) < DEEP and rt.executor is None:
+                            break
+                        # (with an executor, every stale dependency is brought up to date
+                        # here first, so that independent ones are shipped together; a
+                        # run that starts now would compute them nested, in the driver)
+                        # Deep inside nested runs: bring m's other dirty dependencies up
+                        # to date here, on this explicit stack, before m runs and reads
+                        # them, so that depth of the graph never becomes depth of the
+                        # Python stack. (Shallow runs keep Salsa's order: a branch the new
+                        # run no longer takes is never touched.)
+                        m.flags |= F_MUST_RUN
+                    i += 1
+                if pushed:
+                    continue
+                if m.flags & F_AHEAD:
+                    rt.ahead_marked.append(m)   # waits: neither run nor verified now
+                elif must_run:
+                    m.flags &= ~F_MUST_RUN
+                    if attempt(rt, m, stack, idx) == PUSHED:
+                        continue
+                else:
+                    m.flags &= ~F_DIRTY
+                    m.verified_at = rt.clock
+                    m.last_action = A_REUSED
+                    rt.n_reused += 1
+            m.flags &= ~F_VERIFYING
+            stack.pop()
+            idx.pop()
+    except BaseException:
+        for m in stack:
+            m.flags &= ~(F_VERIFYING | F_MUST_RUN)
+            if m.persist is not None:
+                m.persist.cands = None
+                m.persist.resolved = None
+        raise
+    if n.flags & F_AHEAD:
+        raise _Deferred(n.label())    # it waits: its old value is not the answer
+    return n.value
+
+
+cdef int attempt(Runtime rt, Instance m, list stack, list idx) except -1:
+    # m must be (re)computed: take it from the store if a stored trace of it matches the
+    # current dependencies, else run it. Returns PUSHED when a dependency was pushed.
+    cdef int r
+    cdef int invalid = m.flags & F_INVALID
+    cdef Node d
+    if rt.store is not None and not (m.flags & F_INVALID):
+        r = probe_step(rt, m, stack, idx)
+        if r != NOMATCH:
+            return r
+    if rt.prefetch is not None and rt.executor is not None and not m.cell.local \
+            and (not rt.frames or rt.gathering):
+        r = ahead_ship(rt, m, stack, idx)   # an executor runs it (_core_schedule.pxi)
+        if r != NOMATCH:
+            return r
+    try:
+        run_in_stack(rt, m, len(stack) == 1)
+    except _Deferred:
+        # its work runs ahead (fail() keeps its value and stamps): a withdrawn instance
+        # stays withdrawn, so that the next pass runs it instead of reusing that value
+        m.flags |= invalid
+        raise
+    finally:
+        rt.remote = None
+    return DONE
+
+
+cdef bint run_in_stack(Runtime rt, Instance m, bint bottom) except -1:
+    # Run m from a verification stack. A failure of an instance that is not the one
+    # demanded is kept for this pass (rt.failed): its dependent then re-runs and meets
+    # the same exception where it reads it, exactly as a from-scratch run would.
+    if bottom:
+        run(rt, m)
+        return True
+    try:
+        run(rt, m)
+    except Exception:
+        return False
+    return True
