@@ -497,11 +497,16 @@ class Store:
         self._unlock = None              # releases the shared flock on incr.lock
         # group commit: the buffers are swapped under _buf_lock (writers from another thread
         # append under it); _since is when the oldest uncommitted result was buffered (None:
-        # nothing waits), guarded by _timer, which the commit thread waits on
+        # nothing waits), guarded by _timer, which the commit thread waits on. Both locks are
+        # taken with the raw lock's own (C) `with` (_lk, _timer_lock), never the Condition's:
+        # Condition.__enter__ is Python code, and a Ctrl-C landing after its acquire but before
+        # the `with` block begins leaves the lock held for ever (the next commit_due of the
+        # same thread then deadlocks; found by tests/chaos' random Ctrl-C)
         self._buf_lock = threading.Lock()
         self._pending_bytes = 0
         self._since: float | None = None
-        self._timer = threading.Condition(threading.Lock())
+        self._timer_lock = threading.Lock()
+        self._timer = threading.Condition(self._timer_lock)
         self._timer_thread: threading.Thread | None = None
         self._bg_error: BaseException | None = None   # a background commit's failure, raised
         # the remote tier (incr.tiers): records taken from it wait here for the next commit
@@ -690,7 +695,8 @@ class Store:
         # what the parent buffered is the parent's to write (it committed what it could just
         # before the fork); the commit thread did not cross the fork
         self._buf_lock = threading.Lock()
-        self._timer = threading.Condition(threading.Lock())
+        self._timer_lock = threading.Lock()
+        self._timer = threading.Condition(self._timer_lock)
         self._timer_thread = None
         self._since, self._bg_error = None, None
         # a forked child usually ends with os._exit(), which skips atexit (multiprocessing's
@@ -717,7 +723,7 @@ class Store:
             raise StoreError(f"store {self.path} is closed (rt.close() was called, perhaps by "
                              f"another thread); open a new Runtime to use it")
         if os.getpid() != self.pid:
-            with self._cond:
+            with self._lk:
                 if os.getpid() != self.pid:
                     self.pending.clear()      # the parent writes what it buffered
                     self.pending_nodes.clear()
@@ -751,7 +757,7 @@ class Store:
         return env
 
     def _leave(self) -> None:
-        with self._cond:
+        with self._lk:
             me = threading.get_ident()
             n = self._users.get(me, 0) - 1
             if n > 0:
@@ -794,7 +800,7 @@ class Store:
         """A transaction on the DB named by attribute ``db`` (looked up after _env(), so a
         forked child uses its own handles), counted for close(); lmdb errors become
         StoreError saying what to do."""
-        with self._cond:
+        with self._lk:
             env = self._enter()
         try:
             try:
@@ -809,11 +815,11 @@ class Store:
         """Commit nothing (the runtime commits first), apply max_bytes, close the environment.
         From another thread: waits until that thread's transaction or pass has ended.
         Idempotent."""
-        with self._timer:
+        with self._timer_lock:
             self._timer.notify_all()        # the commit thread sees `closed` and ends
         if self.remote is not None and not self.closed and self.pid == os.getpid():
             self.remote.close()             # (flushes what waits, at most FLUSH_TIMEOUT)
-        with self._cond:
+        with self._lk:
             if self.closed:
                 return
             self.end_pass()
@@ -875,15 +881,15 @@ class Store:
             return
         self._parked = True
         if self._draining:                  # a commit of another thread waits for it
-            with self._cond:
+            with self._lk:
                 self._cond.notify_all()
 
     def _commit_from_timer(self) -> None:
         """The interval is over: end a parked pass, commit what is buffered."""
-        with self._cond:
+        with self._lk:
             if self._parked and self.reader is not None:
                 self._release_pass()
-            with self._timer:
+            with self._timer_lock:
                 if not self._buffered():
                     self._since = None
         self.commit()
@@ -915,7 +921,7 @@ class Store:
         gets StoreError while it lasts. ``_iops`` then holds set_key and value of a cursor on
         ``index`` and set_key and value of the one on ``entries``, for the index lookup."""
         me = threading.get_ident()
-        with self._cond:
+        with self._lk:
             if self.reader is not None and self._parked:
                 self._release_pass()            # (its thread is between demands)
             env = self._enter()
@@ -1040,7 +1046,7 @@ class Store:
     def end_pass(self) -> None:
         """Close the pass's read transaction (before a commit, and at the end of a pass).
         Only the thread that began the pass ends it; for any other this does nothing."""
-        with self._cond:
+        with self._lk:
             if self.reader is None or self._pass_thread != threading.get_ident():
                 return
             self._release_pass()
@@ -1196,7 +1202,7 @@ class Store:
             return
         if not self._parked and not self._buffered():
             return
-        with self._timer:
+        with self._timer_lock:
             since = self._since
             if since is None:
                 if not self._buffered():   # only a parked pass: the thread ends it in time
@@ -1206,7 +1212,8 @@ class Store:
                 t = self._timer_thread
                 if t is None or not t.is_alive():
                     t = self._timer_thread = threading.Thread(
-                        target=_group_committer, args=(weakref.ref(self), self._timer),
+                        target=_group_committer,
+                        args=(weakref.ref(self), self._timer, self._timer_lock),
                         name="incr-store-commit", daemon=True)
                     t.start()
                 self._timer.notify()
@@ -1221,7 +1228,7 @@ class Store:
         it is closed, or if a background commit failed since the last call (see commit_due).
         Waits until other threads' transactions (a pass) have ended: at most ``wait`` seconds
         if given, then gives up and returns False (the buffers stay)."""
-        with self._cond:
+        with self._lk:
             self.end_pass()
             err, self._bg_error = self._bg_error, None
             if err is not None:
@@ -1256,7 +1263,7 @@ class Store:
             self.pending, self.hit_tags, self.damaged = {}, bytearray(), set()
             self.pending_nodes, self.pending_index, self._pending_bytes = {}, {}, 0
             self.fill, self.fill_index, self.fill_nodes = {}, {}, {}
-        with self._timer:
+        with self._timer_lock:
             self._since = None
         need = sum(map(len, pending.values())) + sum(map(len, nodes.values()))
         logs = []
@@ -1322,7 +1329,7 @@ class Store:
                     push.extend((b"n" + k, v) for k, v in nodes.items())
                     self.remote.push(push)
                 if self._buffered():   # buffered by another thread meanwhile: in its interval
-                    with self._timer:
+                    with self._timer_lock:
                         if self._since is None:
                             self._since = time.monotonic()
                             self._timer.notify()
@@ -1544,12 +1551,13 @@ class Store:
         return n
 
 
-def _group_committer(ref: "weakref.ref[Store]", timer: threading.Condition) -> None:
+def _group_committer(ref: "weakref.ref[Store]", timer: threading.Condition,
+                     lock: threading.Lock) -> None:
     """The commit thread of a "group" store: commits what waited GROUP_INTERVAL. Holds the
     store weakly (a dropped Runtime's store is collected, and its __del__ commits), and ends
     when the store is closed or gone."""
     while True:
-        with timer:
+        with lock:
             s = ref()
             if s is None or s.closed or s.pid != os.getpid():
                 return
