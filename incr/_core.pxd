@@ -92,6 +92,10 @@ cdef class Persist:
                                      # entry is found (or no lookup runs)
     cdef list resolved               # dependencies of the candidate resolved so far (the last
                                      # may be one pushed for verification, not yet checked)
+    cdef str miss                    # explain: the label of the dependency whose value hash
+                                     # no stored run had, at the last lookup's miss (or None:
+                                     # found, or nothing stored); a label, not the node (no
+                                     # cycle through this untracked object)
 
 
 # Record (a checked stored record, held undecoded) and the codec's helpers: incr/_codec.pxd.

@@ -46,7 +46,12 @@ def _explain(Runtime rt, Instance n):
         text = (f"{lab} was taken from the store at revision {n.ran_rev}: the dependencies it "
                 f"read hash the same as when it was stored, so it did not run")
     elif act == A_COMPUTED:
-        text = f"{lab} was computed for the first time at revision {n.ran_rev}"
+        if n.persist is not None and n.persist.miss is not None:
+            text = (f"{lab} was computed at revision {n.ran_rev}: the store holds earlier runs "
+                    f"of it, but {n.persist.miss} changed since the stored run (no stored run "
+                    f"read its current value)")
+        else:
+            text = f"{lab} was computed for the first time at revision {n.ran_rev}"
     elif act in (A_RECOMPUTED, A_CUTOFF):
         w = n.why
         if w is None:

@@ -34,6 +34,7 @@ cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1:
         return NOMATCH
     if p.cands is None:
         p.cands = []           # (not None: a lookup runs)
+        p.miss = None
         p.node = _INDEX_ROOT
         p.di = 0
         p.resolved = []
@@ -44,6 +45,9 @@ cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1:
             try:
                 v = index_node(rt, p.ikey + p.node)
                 if v is None:
+                    if p.di:
+                        # stored runs exist, and none read this value of the last dependency
+                        p.miss = _node_label(<Node>p.resolved[p.di - 1])
                     return no_match(rt, p)
                 x = index_choose(rt, p.ikey, v)
                 if isinstance(x, Record):    # every dependency matched: the entry
