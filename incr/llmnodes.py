@@ -746,6 +746,9 @@ class _Loop:
         self.inst = inst
         self.st = st
         self.cut_short = False    # stopped at a generator call: halted, or the call raised
+        self.began = False        # the model call of this attempt has started (see start())
+        self.ran_for = None       # seconds of a call made ahead (its own, not the replay's)
+        self.ahead_seconds = 0.0
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -1103,6 +1106,7 @@ class _Loop:
         delay = node.backoff
         while True:
             self._halt_point()                          # rt.halt: no model call from here
+            self.began, self.ran_for = False, None      # (set by the call: _call_gen)
             call = self._call_gen(previous, feedback)   # may set the call aside (_Deferred)
             st.spent_attempts += 1
             self.book.generations += 1
@@ -1145,13 +1149,17 @@ class _Loop:
                 continue
             except BaseException:     # KeyboardInterrupt, SystemExit: the same as an error
                 self.cut_short = True
+                if not self.began:
+                    # interrupted before the model was called (in a cooldown wait): no call
+                    st.spent_attempts -= 1
+                    self.book.generations -= 1
                 raise
             tokens, cost = 0, 0.0
             record = None
             if isinstance(out, Candidate):
                 record = out
                 tokens, cost, out = out.tokens, out.cost, out.value
-            seconds = time.monotonic() - t0
+            seconds = time.monotonic() - t0 if self.ran_for is None else self.ran_for
             st.spent_tokens += tokens
             st.spent_cost += cost
             st.last_call = time.monotonic()
@@ -1170,7 +1178,14 @@ class _Loop:
                 a.patch = patch
                 try:
                     out = self._apply(previous, patch)
-                except Exception as e:
+                except BaseException as e:
+                    if not isinstance(e, Exception):
+                        # Ctrl-C (or SystemExit) in apply: as for an interrupted generator
+                        # call, the store keeps its last record; the attempt says why it
+                        # has no candidate
+                        a.note = f"interrupted while applying the patch: {type(e).__name__}"
+                        self.cut_short = True
+                        raise
                     a.note = f"the patch did not apply: {type(e).__name__}: {e}"
                     feedback = tuple(v for v in feedback if v.case != "incr.patch") + (
                         NACK("incr.patch", {"patch": _short(patch), "error": str(e)},
@@ -1218,6 +1233,8 @@ class _Loop:
         outcome = self._ahead(key)
         if outcome is not _NOTHING:
             st.prefetched.clear()
+            self.began = True               # the call was made (ahead)
+            self.ran_for = self.ahead_seconds   # its own seconds, not the replay's
 
             def replay():
                 if isinstance(outcome, BaseException):
@@ -1229,6 +1246,7 @@ class _Loop:
 
         def start():
             # right before the model is called (in whichever thread or task calls it)
+            self.began = True
             _graph_take(book)
             _emit(book, events.GenerationStarted(st.label, attempt))
 
@@ -1463,7 +1481,8 @@ class _Loop:
         ahead = self.st.prefetched.get(key)
         if ahead is None:
             return _NOTHING
-        outcome, reads, _seconds = ahead
+        outcome, reads, seconds = ahead
+        self.ahead_seconds = seconds if isinstance(seconds, (int, float)) else 0.0
         fresh = True
         for d, at in reads:
             self.rt._read(d)      # (a read that waits sets this run aside: the result stays)
@@ -1627,9 +1646,11 @@ class _Loop:
             rec, cand = cand, cand.value
         else:
             rec = None
-        if inspect.isawaitable(cand):
-            raise TypeError(f"incr.llm {st.label}: on_failure returned an awaitable; it "
-                            f"must return a candidate or None")
+        what = _awaitable_problem(cand)      # (a coroutine is closed: never awaited)
+        if what is not None:
+            raise TypeError(f"incr.llm {st.label}: on_failure returned {what}; it must return "
+                            f"a candidate or None (a plain def; await inside it with "
+                            f"asyncio.run if it must)")
         st.failed = None
         st.status = "active"
         self._adopt(cand, "supplied by on_failure after: " + exc.reason)
