@@ -797,3 +797,48 @@ def test_a_call_refused_by_the_runtime_budget_is_not_counted_nor_announced():
     assert rt.llm.calls == 1 and rt.llm.generations == 1
     assert [type(e).__name__ for e in got].count("GenerationStarted") == 1
     assert ei.value.attempts == 1
+
+
+def test_a_reverted_revision_is_not_previous_after_a_change_of_context():
+    rt = incr.Runtime()
+    topic = rt.input("topic", "t1")
+    s = Script("r1 +a -b", "r2 -a -b", "r3 -a -b again", "r4 +a +b")
+
+    @incr.llm(validators=[cases("a", "b")], patience=5, budget=incr.Budget(max_attempts=2))
+    def node(x, *, previous=None, feedback=()):
+        return s(topic.get(), previous=previous, feedback=feedback)
+    with rt, pytest.raises(incr.NotAccepted) as ei:
+        node(0)
+    assert ei.value.reason == "budget"
+    assert [a["outcome"] for a in rt.state(node, 0).attempts] == ["rejected", "reverted"]
+    topic.set("t2")                          # a new context: r2 (reverted) is re-validated,
+    with rt:                                 # NACKed, and the loop generates again
+        assert node(0) == "r4 +a +b"
+    prevs = [c["previous"] for c in s.calls]
+    assert "r2 -a -b" not in prevs, prevs
+
+
+def test_ctrl_c_in_an_event_callback_leaves_the_node_consistent():
+    s = Script("-a", "+a")
+    node = make(s, validators=[cases("a")])
+    rt = incr.Runtime()
+    armed = [True]
+
+    def cb(e):
+        if armed[0] and isinstance(e, events.Verdict):
+            armed[0] = False
+            raise KeyboardInterrupt
+    rt.on_event(cb)
+    with rt, pytest.raises(KeyboardInterrupt):
+        node(0)
+    with rt:
+        assert node(0) == "+a"
+    st = rt.state(node, 0)
+    for a in st.attempts:                    # what each attempt shows is what the ledger holds
+        if a["revision"]:
+            ledger = sorted((k[0], k[2], v.kind) for k, v in st.checks.items()
+                            if k[3] == a["revision"])
+            shown = sorted((vid, v.case, v.kind) for vid, v in a["verdicts"])
+            assert ledger == shown or a["revision"] != st.revision, (ledger, shown)
+    assert len(s.calls) == 2
+    rt._check()
