@@ -1041,7 +1041,8 @@ class _Loop:
         st.evidence = set()
         st.fingerprints = {}      # oscillation is a candidate coming back within one context
         st.status = "active"
-        st.base = 0
+        # st.base stays: when the current candidate was reverted, the next generation (if
+        # its re-validation fails) still builds on the best revision, never on it
         st.withdrawals = 0
         st.damped = False
         st.spot_due = False
