@@ -842,3 +842,53 @@ def test_ctrl_c_in_an_event_callback_leaves_the_node_consistent():
             assert ledger == shown or a["revision"] != st.revision, (ledger, shown)
     assert len(s.calls) == 2
     rt._check()
+
+
+# --- what a generator reports about its own cost ----------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [{"tokens": -1000}, {"tokens": True}, {"tokens": "10"},
+                                 {"tokens": 1.5}, {"cost": -1.0}, {"cost": float("nan")},
+                                 {"cost": float("inf")}, {"cost": "free"}])
+def test_a_candidate_with_an_impossible_cost_is_refused(bad):
+    with pytest.raises((TypeError, ValueError), match="tokens|cost"):
+        incr.Candidate("x", **bad)
+
+
+def test_negative_tokens_cannot_refill_the_runtime_budget():
+    answers = {1: dict(tokens=-1000), 2: dict(tokens=60), 3: dict(tokens=60), 4: dict(tokens=60)}
+    made = []
+
+    @incr.llm()
+    def node(x, *, previous=None, feedback=()):
+        made.append(x)
+        return incr.Candidate(f"v{x}", **answers[x])
+    rt = incr.Runtime(budget=incr.Budget(max_tokens=100))
+    with rt:
+        try:
+            node(1)
+        except (TypeError, ValueError):
+            pass
+        node(2), node(3)                     # 120 tokens: the second began under 100
+        with pytest.raises(incr.NotAccepted) as ei:
+            node(4)
+    assert ei.value.reason == "budget" and made == [1, 2, 3]
+
+
+def test_a_nan_cost_cannot_switch_the_runtime_budget_off():
+    made = []
+
+    @incr.llm()
+    def node(x, *, previous=None, feedback=()):
+        made.append(x)
+        return incr.Candidate(f"v{x}", cost=float("nan") if x == 1 else 0.6)
+    rt = incr.Runtime(budget=incr.Budget(max_cost=1.0))
+    with rt:
+        try:
+            node(1)
+        except (TypeError, ValueError):
+            pass
+        node(2), node(3)                     # 1.2: the second began under 1.0
+        with pytest.raises(incr.NotAccepted) as ei:
+            node(4)
+    assert ei.value.reason == "budget" and made == [1, 2, 3]
