@@ -147,6 +147,21 @@ def _no_awaitable(node: Any, label: str, out: Any) -> None:
                         f"asyncio.run) or return the value. A coroutine is never a candidate.")
 
 
+def _spend_check(name: str, value: Any) -> None:
+    """incr.Candidate's tokens (an int >= 0) and cost (a finite number >= 0): what budgets
+    add up, so a negative or NaN one would refill or switch off a budget."""
+    import math
+    import numbers
+    if name == "tokens":
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"incr.Candidate: tokens must be an int >= 0 (the tokens the "
+                             f"model call used), got {_short(value)}")
+    elif not isinstance(value, numbers.Real) or isinstance(value, bool) or \
+            not math.isfinite(value) or value < 0:
+        raise ValueError(f"incr.Candidate: cost must be a finite number >= 0 (what the model "
+                         f"call cost), got {_short(value)}")
+
+
 @attrs.frozen
 class Candidate:
     """What a generator may return instead of a bare value: its cost, and a reflection
@@ -156,8 +171,8 @@ class Candidate:
     flip (``expect``: case names). All of it is kept per attempt (``rt.state(...).attempts``,
     ``NotAccepted.report``, ``incr inspect``, the store)."""
     value: Any
-    tokens: int = 0
-    cost: float = 0.0
+    tokens: int = attrs.field(default=0, validator=lambda i, a, v: _spend_check("tokens", v))
+    cost: float = attrs.field(default=0.0, validator=lambda i, a, v: _spend_check("cost", v))
     rationale: str = ""
     hypothesis: str = ""
     patch: Any = None
