@@ -892,3 +892,38 @@ def test_a_nan_cost_cannot_switch_the_runtime_budget_off():
         with pytest.raises(incr.NotAccepted) as ei:
             node(4)
     assert ei.value.reason == "budget" and made == [1, 2, 3]
+
+
+# --- events tell what really happened -------------------------------------------------------
+
+
+def test_a_failed_model_call_is_announced_as_finished_with_its_error():
+    s = Script(ConnectionError("reset"), ValueError("bad prompt"))
+    node = make(s, budget=incr.Budget(max_attempts=5))
+    rt = incr.Runtime()
+    got = collect(rt)
+    llmnodes_backoff = node.backoff
+    node.backoff = 0.0
+    try:
+        with rt, pytest.raises(ValueError):
+            node(0)
+    finally:
+        node.backoff = llmnodes_backoff
+    gen = [e for e in got if isinstance(e, (events.GenerationStarted,
+                                            events.GenerationFinished))]
+    assert [type(e).__name__ for e in gen] == ["GenerationStarted", "GenerationFinished"] * 2
+    assert "ConnectionError" in gen[1].error and "ValueError" in gen[3].error
+    assert len(s.calls) == 2
+
+
+def test_a_model_call_cut_at_the_deadline_is_announced_as_finished():
+    s = Script("late", sleep=0.5)
+    node = make(s, budget=incr.Budget(max_seconds=0.1))
+    rt = incr.Runtime()
+    got = collect(rt)
+    with rt, pytest.raises(incr.NotAccepted) as ei:
+        node(0)
+    assert ei.value.reason == "budget"
+    kinds = [type(e).__name__ for e in got if isinstance(e, (events.GenerationStarted,
+                                                               events.GenerationFinished))]
+    assert kinds == ["GenerationStarted", "GenerationFinished"]
