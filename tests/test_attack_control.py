@@ -927,3 +927,41 @@ def test_a_model_call_cut_at_the_deadline_is_announced_as_finished():
     kinds = [type(e).__name__ for e in got if isinstance(e, (events.GenerationStarted,
                                                                events.GenerationFinished))]
     assert kinds == ["GenerationStarted", "GenerationFinished"]
+
+
+def test_a_call_made_ahead_and_abandoned_at_the_deadline_does_not_eat_the_runtime_budget():
+    # the node's own Budget(max_seconds=0.1) abandons its call made ahead in a worker thread;
+    # the runtime-wide max_seconds (30) must count at most what that call could have taken
+    rt = incr.Runtime(budget=incr.Budget(max_seconds=30), max_workers=2)
+    slow = Script("late", sleep=0.5)
+    n1 = make(slow, version="slow", budget=incr.Budget(max_seconds=0.1))
+    o1 = rt.observe(n1, 0)
+    with pytest.raises(incr.NotAccepted):
+        rt.stabilize()
+    assert o1.error is not None and o1.error.reason == "budget"
+    quick = Script("ok")
+    n2 = make(quick, version="quick")
+    with rt:
+        assert n2(0) == "ok"
+    assert len(quick.calls) == 1
+
+
+def test_a_call_made_ahead_whose_result_is_dropped_by_a_halt_still_counts():
+    # the model call is made in a worker thread (and spends 500 tokens); rt.halt comes in
+    # before the loop takes the result, which is dropped: the runtime's budget must still
+    # count the call's tokens, and the call is announced as finished
+    rt = incr.Runtime(budget=incr.Budget(max_tokens=1000), max_workers=2)
+
+    def gen(x, *, previous=None, feedback=()):
+        rt.halt("operator")
+        return incr.Candidate("v", tokens=500)
+    node = make(gen, version="halted-ahead")
+    got = collect(rt)
+    obs = rt.observe(node, 0)
+    with pytest.raises(incr.NotAccepted):
+        rt.stabilize()
+    assert obs.error is not None and obs.error.reason == "halted"
+    assert rt.llm.calls == 1 and rt.llm.tokens == 500
+    kinds = [type(e).__name__ for e in got if isinstance(e, (events.GenerationStarted,
+                                                               events.GenerationFinished))]
+    assert kinds == ["GenerationStarted", "GenerationFinished"]
