@@ -763,7 +763,9 @@ class _Loop:
         self.cut_short = False    # stopped at a generator call: halted, or the call raised
         self.began = False        # the model call of this attempt has started (see start())
         self.ran_for = None       # seconds of a call made ahead (its own, not the replay's)
-        self.ahead_seconds = 0.0
+        self.ahead_seconds = None
+        self.replayed = False     # the call's outcome was made ahead (a worker or a task)
+        self.ticket = None        # the _Ticket of the call made here
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -1123,6 +1125,7 @@ class _Loop:
         while True:
             self._halt_point()                          # rt.halt: no model call from here
             self.began, self.ran_for = False, None      # (set by the call: _call_gen)
+            self.replayed, self.ticket = False, None
             call = self._call_gen(previous, feedback)   # may set the call aside (_Deferred)
             st.spent_attempts += 1
             self.book.generations += 1
@@ -1137,6 +1140,7 @@ class _Loop:
             except _OutOfTime:
                 # Budget(max_seconds) ran out with the call in flight: an async call was
                 # cancelled, a sync one abandoned (its late result is never used)
+                self._ended("cut at the deadline (Budget(max_seconds))")
                 st.attempts.append(_Attempt(0, "", feedback, [], 0, 0.0,
                                             time.monotonic() - t0,
                                             "cut at the deadline (Budget(max_seconds))"))
@@ -1163,7 +1167,7 @@ class _Loop:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 continue
-            except BaseException:     # KeyboardInterrupt, SystemExit: the same as an error
+            except BaseException as e:  # KeyboardInterrupt, SystemExit: as an error
                 self.cut_short = True
                 if not self.began:
                     # interrupted before the model was called (in a cooldown wait): no call
@@ -1179,9 +1183,7 @@ class _Loop:
             st.spent_tokens += tokens
             st.spent_cost += cost
             st.last_call = time.monotonic()
-            _graph_spent(self.book, tokens, cost, seconds)
-            _emit(self.book, events.GenerationFinished(st.label, st.spent_attempts, tokens,
-                                                       cost, seconds))
+            # (the runtime-wide spend and GenerationFinished: where the call ended, finish())
             a = _Attempt(0, "", feedback, [], tokens, cost, seconds)
             if record is not None:
                 a.rationale, a.hypothesis = str(record.rationale), str(record.hypothesis)
@@ -1212,6 +1214,23 @@ class _Loop:
                         self._fail(stop)
                     continue
             return out
+
+    def _ended(self, error: str) -> None:
+        """A model call made here was cut at the deadline (Budget(max_seconds)): its seconds
+        so far count (Runtime(budget=)) and GenerationFinished says so now; what it spends if
+        it returns later is added by its finish(). (A call made ahead is announced by its
+        worker when it ends.)"""
+        ticket = self.ticket
+        if not self.began or self.replayed or ticket is None:
+            return
+        with self.book.lock:
+            announced, ticket.finished = ticket.finished, True
+        if announced:
+            return
+        seconds = time.monotonic() - ticket.t0
+        _graph_spent(self.book, 0, 0.0, seconds)
+        _emit(self.book, events.GenerationFinished(self.st.label, self.st.spent_attempts, 0,
+                                                   0.0, seconds, error=error))
 
     def _apply(self, previous: Any, patch: Any) -> Any:
         node = self.node
@@ -1249,7 +1268,8 @@ class _Loop:
         outcome = self._ahead(key)
         if outcome is not _NOTHING:
             st.prefetched.clear()
-            self.began = True               # the call was made (ahead)
+            self.began = True               # the call was made (ahead), and counted and
+            self.replayed = True            # announced where it ended
             self.ran_for = self.ahead_seconds   # its own seconds, not the replay's
 
             def replay():
@@ -1260,11 +1280,31 @@ class _Loop:
         wait = self._cooldown()
         book, attempt = self.book, st.spent_attempts + 1
 
-        def start():
+        ticket = self.ticket = _Ticket()
+
+        def start() -> float:
             # right before the model is called (in whichever thread or task calls it)
             self.began = True
             _graph_take(book)
             _emit(book, events.GenerationStarted(st.label, attempt))
+            ticket.t0 = time.monotonic()
+            return ticket.t0
+
+        def finish(out: Any = None, error: str = "") -> None:
+            # where the call ended (its thread or task), once per call, whether or not the
+            # loop takes its result (a halt may drop it): the runtime-wide spend, and
+            # GenerationFinished -- unless the loop announced it cut at the deadline already,
+            # when only what it spent is added
+            tokens, cost = (out.tokens, out.cost) if isinstance(out, Candidate) else (0, 0.0)
+            with book.lock:
+                announced, ticket.finished = ticket.finished, True
+            if announced:
+                _graph_spent(book, tokens, cost, 0.0)
+                return
+            seconds = time.monotonic() - ticket.t0
+            _graph_spent(book, tokens, cost, seconds)
+            _emit(book, events.GenerationFinished(st.label, attempt, tokens, cost, seconds,
+                                                  error))
 
         if node.gen_is_async and _aio.loop_running():
             # an async generator inside a running loop: the call is made as a task by the
@@ -1273,9 +1313,14 @@ class _Loop:
                 if wait:
                     await asyncio.sleep(wait)
                 start()
-                out = await node.gen(*self.args, previous=previous, feedback=feedback,
-                                     **self.kwargs)
-                _no_awaitable(node, st.label, out)
+                try:
+                    out = await node.gen(*self.args, previous=previous, feedback=feedback,
+                                         **self.kwargs)
+                    _no_awaitable(node, st.label, out)
+                except BaseException as e:
+                    finish(error=_error_text(e))
+                    raise
+                finish(out)
                 return out
             st.pending = "generate"
             raise _Suspend([_aio.Call(st, key, agen, self.inst, deadline=self._deadline())])
@@ -1284,10 +1329,15 @@ class _Loop:
             if wait:
                 time.sleep(wait)
             start()
-            out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
-            if node.gen_is_async and inspect.iscoroutine(out):
-                out = _aio.drive_call(rt, _aio.before(out, self._deadline()))   # own loop
-            _no_awaitable(node, st.label, out)
+            try:
+                out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
+                if node.gen_is_async and inspect.iscoroutine(out):
+                    out = _aio.drive_call(rt, _aio.before(out, self._deadline()))   # own loop
+                _no_awaitable(node, st.label, out)
+            except BaseException as e:
+                finish(error=_error_text(e))
+                raise
+            finish(out)
             return out
 
         def call():
@@ -1498,7 +1548,9 @@ class _Loop:
         if ahead is None:
             return _NOTHING
         outcome, reads, seconds = ahead
-        self.ahead_seconds = seconds if isinstance(seconds, (int, float)) else 0.0
+        # (a call abandoned at the deadline carries no duration of its own: see _ended)
+        self.ahead_seconds = (seconds if isinstance(seconds, (int, float))
+                              and not isinstance(outcome, _OutOfTime) else None)
         fresh = True
         for d, at in reads:
             self.rt._read(d)      # (a read that waits sets this run aside: the result stays)
@@ -1678,6 +1730,23 @@ class _Loop:
             raise _Escalated(self._stable())
         # rejected: stop with the reason the loop had (on_failure is asked once per budget)
         self._fail(exc.reason)
+
+
+class _Ticket:
+    """One model call: when it started, and whether GenerationFinished was sent for it."""
+    __slots__ = ("t0", "finished")
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.finished = False
+
+
+def _error_text(e: BaseException) -> str:
+    try:
+        text = str(e)
+    except Exception:
+        text = ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 class _Escalated(Exception):
