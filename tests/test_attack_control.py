@@ -965,3 +965,52 @@ def test_a_call_made_ahead_whose_result_is_dropped_by_a_halt_still_counts():
     kinds = [type(e).__name__ for e in got if isinstance(e, (events.GenerationStarted,
                                                                events.GenerationFinished))]
     assert kinds == ["GenerationStarted", "GenerationFinished"]
+
+
+def test_ctrl_c_in_normalize_leaves_the_store_as_it_was_and_no_phantom_attempt(tmp_path):
+    path = str(tmp_path / "s")
+    s = Script("-a", "+a")
+    boom = [0]
+
+    def norm(c):
+        boom[0] += 1
+        if boom[0] == 2:                     # the second candidate's fingerprint
+            raise KeyboardInterrupt
+        return c
+    node = make(s, validators=[cases("a")], normalize=norm, version="kn")
+    rt = incr.Runtime(store=path)
+    with rt, pytest.raises(KeyboardInterrupt):
+        node(0)
+    atts = rt.state(node, 0).attempts
+    assert all(a["revision"] or a["note"] for a in atts), atts
+    rt.close()
+    again = incr.Runtime(store=path)
+    with pytest.raises(incr.IncrError, match="never run"):
+        again.state(node, 0)
+    again.close()
+
+
+def test_hysteresis_ignores_an_ack_while_damped_and_ends_with_the_context():
+    rt = incr.Runtime()
+    topic = rt.input("topic", "t1")
+    s = Script("one", "two", "three", "four")
+
+    @incr.llm(budget=incr.Budget(max_withdrawals=1))
+    def node(x, *, previous=None, feedback=()):
+        return s(topic.get(), previous=previous, feedback=feedback)
+    with rt:
+        node(0)
+        rt.nack(node, 0, revision=1, case="tone", counterexample=1)
+        node(0)
+        rt.nack(node, 0, revision=2, case="tone", counterexample=2)
+        with pytest.raises(incr.NotAccepted):
+            node(0)
+    assert len(s.calls) == 2
+    rt.ack(node, 0, revision=2, case="human says fine")
+    with rt, pytest.raises(incr.NotAccepted) as ei:
+        node(0)
+    assert ei.value.reason == "oscillation" and len(s.calls) == 2
+    topic.set("t2")
+    with rt:
+        node(0)                              # a new context: no longer damped
+    assert rt.state(node, 0).status in ("stable", "unvalidated")
