@@ -845,6 +845,16 @@ class _Loop:
         except _Deferred:
             deferred = True
             raise
+        except BaseException as e:
+            if not isinstance(e, Exception):
+                # Ctrl-C (or SystemExit) anywhere in the loop (normalize, apply, an event
+                # callback): as for an interrupted generator call, the store keeps its last
+                # record, and an attempt left without a candidate says why
+                self.cut_short = True
+                a = st.attempts[-1] if st.attempts else None
+                if a is not None and not a.revision and not a.note:
+                    a.note = f"interrupted: {type(e).__name__}"
+            raise
         finally:
             if self.cut_short and not deferred:
                 # stopped right at a generator call (rt.halt, or the call raised): the next
