@@ -1014,3 +1014,17 @@ def test_hysteresis_ignores_an_ack_while_damped_and_ends_with_the_context():
     with rt:
         node(0)                              # a new context: no longer damped
     assert rt.state(node, 0).status in ("stable", "unvalidated")
+
+
+def test_reuse_never_offers_a_candidate_withdrawn_since():
+    s = Script("+a first", "+a second")
+    log = []
+    node = make(s, validators=[cases("a", log=log)], reuse="revalidate")
+    rt = incr.Runtime()
+    with rt:
+        assert node(1) == "+a first"
+    rt.nack(node, 1, revision=1, case="human", counterexample="wrong for everyone")
+    with rt:
+        got = node(2)
+    # "+a first" is no longer an accepted candidate of any instance: it is not reused
+    assert got == "+a second" and len(s.calls) == 2
