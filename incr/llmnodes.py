@@ -2079,6 +2079,11 @@ def _note(st: _Node, vid: str, vver: str, v, revision: int, book=None) -> bool:
             st.status = "invalid"
         if st.has_candidate:
             st.withdrawn.add(_fingerprint(st.candidate))
+        if book is not None:
+            # reuse="revalidate" offers only an accepted candidate: not one withdrawn since
+            for n, (_cand, label) in list(book.latest.items()):
+                if label == st.label:
+                    book.latest.pop(n, None)
         return True
     return st.status != "stable"
 
