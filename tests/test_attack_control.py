@@ -1028,3 +1028,28 @@ def test_reuse_never_offers_a_candidate_withdrawn_since():
         got = node(2)
     # "+a first" is no longer an accepted candidate of any instance: it is not reused
     assert got == "+a second" and len(s.calls) == 2
+
+
+def test_a_halt_during_a_cooldown_wait_stops_the_next_model_call():
+    rt = incr.Runtime()
+    timers = []
+
+    def gen(x, *, previous=None, feedback=()):
+        gen.calls.append(previous)
+        if len(gen.calls) == 1:
+            t = threading.Timer(0.05, rt.halt, ("operator",))   # lands in the cooldown wait
+            timers.append(t)
+            t.start()
+            return "-a"
+        return "+a"
+    gen.calls = []
+    node = make(gen, validators=[cases("a")], budget=incr.Budget(cooldown=1.0))
+    with rt, pytest.raises(incr.NotAccepted) as ei:
+        node(0)
+    for t in timers:
+        t.join()
+    assert ei.value.reason == "halted" and len(gen.calls) == 1
+    rt.resume()
+    with rt:
+        assert node(0) == "+a"
+    assert gen.calls == [None, "-a"]
