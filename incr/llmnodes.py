@@ -1294,6 +1294,11 @@ class _Loop:
 
         def start() -> float:
             # right before the model is called (in whichever thread or task calls it)
+            if rt.halt_reason is not None:
+                # halted meanwhile (during a cooldown wait): the call is not made
+                if pf is not None and pf.is_worker():
+                    raise _Deferred(st.label)   # the serial pass meets the halt
+                self._halt_point()
             self.began = True
             _graph_take(book)
             _emit(book, events.GenerationStarted(st.label, attempt))
