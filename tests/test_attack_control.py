@@ -1053,3 +1053,42 @@ def test_a_halt_during_a_cooldown_wait_stops_the_next_model_call():
     with rt:
         assert node(0) == "+a"
     assert gen.calls == [None, "-a"]
+
+
+def test_a_patch_that_is_no_codec_value_is_stored_as_text(tmp_path):
+    class Edit:
+        def __init__(self, old, new):
+            self.old, self.new = old, new
+
+        def __repr__(self):
+            return f"Edit({self.old!r} -> {self.new!r})"
+    s = Script("x -a", Edit("-a", "+a"))
+    node = make(s, validators=[cases("a")], patch=True, version="edit",
+                apply=lambda prev, e: prev.replace(e.old, e.new))
+    path = str(tmp_path / "s")
+    rt = incr.Runtime(store=path)
+    with rt:
+        assert node(0) == "x +a"
+    rt.close()
+    again = incr.Runtime(store=path)
+    with again:
+        assert node(0) == "x +a"
+    assert len(s.calls) == 2
+    atts = again.state(node, 0).attempts
+    assert "Edit('-a' -> '+a')" in str(atts[1]["patch"])
+    again.close()
+
+
+def test_an_attempt_record_with_unprintable_fields_does_not_break_the_report():
+    class Nasty:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+        def __str__(self):
+            raise RuntimeError("no str")
+    s = Script(incr.Candidate("-a", rationale="fine", patch=Nasty()))
+    node = make(s, validators=[cases("a")], budget=incr.Budget(max_attempts=1))
+    rt = incr.Runtime()
+    with rt, pytest.raises(incr.NotAccepted) as ei:
+        node(0)
+    assert "whose repr() raises" in ei.value.report
