@@ -147,6 +147,21 @@ def _no_awaitable(node: Any, label: str, out: Any) -> None:
                         f"asyncio.run) or return the value. A coroutine is never a candidate.")
 
 
+def _spend_check(name: str, value: Any) -> None:
+    """incr.Candidate's tokens (an int >= 0) and cost (a finite number >= 0): what budgets
+    add up, so a negative or NaN one would refill or switch off a budget."""
+    import math
+    import numbers
+    if name == "tokens":
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"incr.Candidate: tokens must be an int >= 0 (the tokens the "
+                             f"model call used), got {_short(value)}")
+    elif not isinstance(value, numbers.Real) or isinstance(value, bool) or \
+            not math.isfinite(value) or value < 0:
+        raise ValueError(f"incr.Candidate: cost must be a finite number >= 0 (what the model "
+                         f"call cost), got {_short(value)}")
+
+
 @attrs.frozen
 class Candidate:
     """What a generator may return instead of a bare value: its cost, and a reflection
@@ -156,8 +171,8 @@ class Candidate:
     flip (``expect``: case names). All of it is kept per attempt (``rt.state(...).attempts``,
     ``NotAccepted.report``, ``incr inspect``, the store)."""
     value: Any
-    tokens: int = 0
-    cost: float = 0.0
+    tokens: int = attrs.field(default=0, validator=lambda i, a, v: _spend_check("tokens", v))
+    cost: float = attrs.field(default=0.0, validator=lambda i, a, v: _spend_check("cost", v))
     rationale: str = ""
     hypothesis: str = ""
     patch: Any = None
@@ -762,6 +777,11 @@ class _Loop:
         self.inst = inst
         self.st = st
         self.cut_short = False    # stopped at a generator call: halted, or the call raised
+        self.began = False        # the model call of this attempt has started (see start())
+        self.ran_for = None       # seconds of a call made ahead (its own, not the replay's)
+        self.ahead_seconds = None
+        self.replayed = False     # the call's outcome was made ahead (a worker or a task)
+        self.ticket = None        # the _Ticket of the call made here
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -840,6 +860,16 @@ class _Loop:
             return e.value
         except _Deferred:
             deferred = True
+            raise
+        except BaseException as e:
+            if not isinstance(e, Exception):
+                # Ctrl-C (or SystemExit) anywhere in the loop (normalize, apply, an event
+                # callback): as for an interrupted generator call, the store keeps its last
+                # record, and an attempt left without a candidate says why
+                self.cut_short = True
+                a = st.attempts[-1] if st.attempts else None
+                if a is not None and not a.revision and not a.note:
+                    a.note = f"interrupted: {type(e).__name__}"
             raise
         finally:
             if self.cut_short and not deferred:
@@ -1054,7 +1084,8 @@ class _Loop:
         st.evidence = set()
         st.fingerprints = {}      # oscillation is a candidate coming back within one context
         st.status = "active"
-        st.base = 0
+        # st.base stays: when the current candidate was reverted, the next generation (if
+        # its re-validation fails) still builds on the best revision, never on it
         st.withdrawals = 0
         st.damped = False
         st.spot_due = False
@@ -1119,6 +1150,8 @@ class _Loop:
         delay = node.backoff
         while True:
             self._halt_point()                          # rt.halt: no model call from here
+            self.began, self.ran_for = False, None      # (set by the call: _call_gen)
+            self.replayed, self.ticket = False, None
             call = self._call_gen(previous, feedback)   # may set the call aside (_Deferred)
             st.spent_attempts += 1
             self.book.generations += 1
@@ -1133,6 +1166,7 @@ class _Loop:
             except _OutOfTime:
                 # Budget(max_seconds) ran out with the call in flight: an async call was
                 # cancelled, a sync one abandoned (its late result is never used)
+                self._ended("cut at the deadline (Budget(max_seconds))")
                 st.attempts.append(_Attempt(0, "", feedback, [], 0, 0.0,
                                             time.monotonic() - t0,
                                             "cut at the deadline (Budget(max_seconds))"))
@@ -1159,21 +1193,23 @@ class _Loop:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 continue
-            except BaseException:     # KeyboardInterrupt, SystemExit: the same as an error
+            except BaseException as e:  # KeyboardInterrupt, SystemExit: as an error
                 self.cut_short = True
+                if not self.began:
+                    # interrupted before the model was called (in a cooldown wait): no call
+                    st.spent_attempts -= 1
+                    self.book.generations -= 1
                 raise
             tokens, cost = 0, 0.0
             record = None
             if isinstance(out, Candidate):
                 record = out
                 tokens, cost, out = out.tokens, out.cost, out.value
-            seconds = time.monotonic() - t0
+            seconds = time.monotonic() - t0 if self.ran_for is None else self.ran_for
             st.spent_tokens += tokens
             st.spent_cost += cost
             st.last_call = time.monotonic()
-            _graph_spent(self.book, tokens, cost, seconds)
-            _emit(self.book, events.GenerationFinished(st.label, st.spent_attempts, tokens,
-                                                       cost, seconds))
+            # (the runtime-wide spend and GenerationFinished: where the call ended, finish())
             a = _Attempt(0, "", feedback, [], tokens, cost, seconds)
             if record is not None:
                 a.rationale, a.hypothesis = str(record.rationale), str(record.hypothesis)
@@ -1186,7 +1222,14 @@ class _Loop:
                 a.patch = patch
                 try:
                     out = self._apply(previous, patch)
-                except Exception as e:
+                except BaseException as e:
+                    if not isinstance(e, Exception):
+                        # Ctrl-C (or SystemExit) in apply: as for an interrupted generator
+                        # call, the store keeps its last record; the attempt says why it
+                        # has no candidate
+                        a.note = f"interrupted while applying the patch: {type(e).__name__}"
+                        self.cut_short = True
+                        raise
                     a.note = f"the patch did not apply: {type(e).__name__}: {e}"
                     feedback = tuple(v for v in feedback if v.case != "incr.patch") + (
                         NACK("incr.patch", {"patch": _short(patch), "error": str(e)},
@@ -1197,6 +1240,23 @@ class _Loop:
                         self._fail(stop)
                     continue
             return out
+
+    def _ended(self, error: str) -> None:
+        """A model call made here was cut at the deadline (Budget(max_seconds)): its seconds
+        so far count (Runtime(budget=)) and GenerationFinished says so now; what it spends if
+        it returns later is added by its finish(). (A call made ahead is announced by its
+        worker when it ends.)"""
+        ticket = self.ticket
+        if not self.began or self.replayed or ticket is None:
+            return
+        with self.book.lock:
+            announced, ticket.finished = ticket.finished, True
+        if announced:
+            return
+        seconds = time.monotonic() - ticket.t0
+        _graph_spent(self.book, 0, 0.0, seconds)
+        _emit(self.book, events.GenerationFinished(self.st.label, self.st.spent_attempts, 0,
+                                                   0.0, seconds, error=error))
 
     def _apply(self, previous: Any, patch: Any) -> Any:
         node = self.node
@@ -1234,6 +1294,9 @@ class _Loop:
         outcome = self._ahead(key)
         if outcome is not _NOTHING:
             st.prefetched.clear()
+            self.began = True               # the call was made (ahead), and counted and
+            self.replayed = True            # announced where it ended
+            self.ran_for = self.ahead_seconds   # its own seconds, not the replay's
 
             def replay():
                 if isinstance(outcome, BaseException):
@@ -1243,10 +1306,36 @@ class _Loop:
         wait = self._cooldown()
         book, attempt = self.book, st.spent_attempts + 1
 
-        def start():
+        ticket = self.ticket = _Ticket()
+
+        def start() -> float:
             # right before the model is called (in whichever thread or task calls it)
+            if rt.halt_reason is not None:
+                # halted meanwhile (during a cooldown wait): the call is not made
+                if pf is not None and pf.is_worker():
+                    raise _Deferred(st.label)   # the serial pass meets the halt
+                self._halt_point()
+            self.began = True
             _graph_take(book)
             _emit(book, events.GenerationStarted(st.label, attempt))
+            ticket.t0 = time.monotonic()
+            return ticket.t0
+
+        def finish(out: Any = None, error: str = "") -> None:
+            # where the call ended (its thread or task), once per call, whether or not the
+            # loop takes its result (a halt may drop it): the runtime-wide spend, and
+            # GenerationFinished -- unless the loop announced it cut at the deadline already,
+            # when only what it spent is added
+            tokens, cost = (out.tokens, out.cost) if isinstance(out, Candidate) else (0, 0.0)
+            with book.lock:
+                announced, ticket.finished = ticket.finished, True
+            if announced:
+                _graph_spent(book, tokens, cost, 0.0)
+                return
+            seconds = time.monotonic() - ticket.t0
+            _graph_spent(book, tokens, cost, seconds)
+            _emit(book, events.GenerationFinished(st.label, attempt, tokens, cost, seconds,
+                                                  error))
 
         if node.gen_is_async and _aio.loop_running():
             # an async generator inside a running loop: the call is made as a task by the
@@ -1255,9 +1344,14 @@ class _Loop:
                 if wait:
                     await asyncio.sleep(wait)
                 start()
-                out = await node.gen(*self.args, previous=previous, feedback=feedback,
-                                     **self.kwargs)
-                _no_awaitable(node, st.label, out)
+                try:
+                    out = await node.gen(*self.args, previous=previous, feedback=feedback,
+                                         **self.kwargs)
+                    _no_awaitable(node, st.label, out)
+                except BaseException as e:
+                    finish(error=_error_text(e))
+                    raise
+                finish(out)
                 return out
             st.pending = "generate"
             raise _Suspend([_aio.Call(st, key, agen, self.inst, deadline=self._deadline())])
@@ -1266,10 +1360,15 @@ class _Loop:
             if wait:
                 time.sleep(wait)
             start()
-            out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
-            if node.gen_is_async and inspect.iscoroutine(out):
-                out = _aio.drive_call(rt, _aio.before(out, self._deadline()))   # own loop
-            _no_awaitable(node, st.label, out)
+            try:
+                out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
+                if node.gen_is_async and inspect.iscoroutine(out):
+                    out = _aio.drive_call(rt, _aio.before(out, self._deadline()))   # own loop
+                _no_awaitable(node, st.label, out)
+            except BaseException as e:
+                finish(error=_error_text(e))
+                raise
+            finish(out)
             return out
 
         def call():
@@ -1479,7 +1578,10 @@ class _Loop:
         ahead = self.st.prefetched.get(key)
         if ahead is None:
             return _NOTHING
-        outcome, reads, _seconds = ahead
+        outcome, reads, seconds = ahead
+        # (a call abandoned at the deadline carries no duration of its own: see _ended)
+        self.ahead_seconds = (seconds if isinstance(seconds, (int, float))
+                              and not isinstance(outcome, _OutOfTime) else None)
         fresh = True
         for d, at in reads:
             self.rt._read(d)      # (a read that waits sets this run aside: the result stays)
@@ -1657,9 +1759,11 @@ class _Loop:
             rec, cand = cand, cand.value
         else:
             rec = None
-        if inspect.isawaitable(cand):
-            raise TypeError(f"incr.llm {st.label}: on_failure returned an awaitable; it "
-                            f"must return a candidate or None")
+        what = _awaitable_problem(cand)      # (a coroutine is closed: never awaited)
+        if what is not None:
+            raise TypeError(f"incr.llm {st.label}: on_failure returned {what}; it must return "
+                            f"a candidate or None (a plain def; await inside it with "
+                            f"asyncio.run if it must)")
         st.failed = None
         st.status = "active"
         self._adopt(cand, "supplied by on_failure after: " + exc.reason)
@@ -1671,6 +1775,23 @@ class _Loop:
             raise _Escalated(self._stable())
         # rejected: stop with the reason the loop had (on_failure is asked once per budget)
         self._fail(exc.reason)
+
+
+class _Ticket:
+    """One model call: when it started, and whether GenerationFinished was sent for it."""
+    __slots__ = ("t0", "finished")
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.finished = False
+
+
+def _error_text(e: BaseException) -> str:
+    try:
+        text = str(e)
+    except Exception:
+        text = ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 class _Escalated(Exception):
@@ -1993,6 +2114,11 @@ def _note(st: _Node, vid: str, vver: str, v, revision: int, book=None) -> bool:
             st.status = "invalid"
         if st.has_candidate:
             st.withdrawn.add(_fingerprint(st.candidate))
+        if book is not None:
+            # reuse="revalidate" offers only an accepted candidate: not one withdrawn since
+            for n, (_cand, label) in list(book.latest.items()):
+                if label == st.label:
+                    book.latest.pop(n, None)
         return True
     return st.status != "stable"
 
