@@ -1990,9 +1990,11 @@ def state(rt, node, args, kwargs) -> NodeState:
     status = st.status
     if status == "stable" and rt._stale(inst, True):
         status = "invalid"       # something it read was withdrawn or changed: until it re-runs
-    elif status == "stable" and not node.validators and node.recheck is None and not any(
-            k[3] == st.revision and v.kind == "ACK" for k, v in checks.items()):
-        status = "unvalidated"   # nothing checked it: accepted, not validated
+    elif status == "stable" and not any(k[3] == st.revision and v.kind == "ACK"
+                                        for k, v in checks.items()):
+        # accepted with no ACK at all (no validators, or a policy that requires none and
+        # validators that said UNKNOWN or nothing): accepted, not validated
+        status = "unvalidated"
     return NodeState(candidate=st.candidate, revision=st.revision, context_key=key,
                      dependency_revisions=revs, checks=checks, status=status,
                      attempts=[_attempt_info(st, a) for a in st.attempts])
@@ -2298,9 +2300,8 @@ def _save(rt, inst, st: _Node, reads) -> None:
                       float(a.seconds), a.note, a.rationale, a.hypothesis, _enc(a.patch),
                       list(a.expect), a.outcome] for a in st.attempts[-100:]],
         "regression_src": list(st.regression_src),
-        "unvalidated": not inst.cell.validators and inst.cell.recheck is None and not any(
-            k[3] == st.revision and any(v.kind == "ACK" for v in vs)
-            for k, (vs, _d) in st.ledger.items()),
+        "unvalidated": not any(k[3] == st.revision and any(v.kind == "ACK" for v in vs)
+                               for k, (vs, _d) in st.ledger.items()),
         "control": [st.base, st.below, st.withdrawals, st.damped, st.escalated],
         "fingerprints": [[k, r] for k, r in st.fingerprints.items()],
         "withdrawn": sorted(st.withdrawn),

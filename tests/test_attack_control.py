@@ -766,12 +766,7 @@ def test_state_of_a_plain_cell_loaded_from_the_store_is_stable(tmp_path):
     rt2.close()
 
 
-@pytest.mark.xfail(strict=True, reason="rt.state says 'stable' for a candidate accepted on no "
-                   "ACK at all (validators that only say UNKNOWN or nothing, under "
-                   "Acceptance(required=())); docs/llm.md says 'stable' is only for a candidate "
-                   "accepted on evidence, but tests/test_llm_control.py::test_readers_of_a_"
-                   "withdrawn_node_report_invalid_until_they_run_again asserts 'stable' for "
-                   "this very case: the lead must choose")
+# decided: a candidate accepted on no ACK at all is 'unvalidated' (docs/llm.md, Statuses)
 def test_a_node_accepted_on_no_ack_at_all_is_not_reported_stable():
     # Acceptance(required=()) with validators that only say UNKNOWN: the candidate is
     # accepted by the user's policy, but nothing validated it
