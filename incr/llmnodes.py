@@ -1742,14 +1742,15 @@ class _Loop:
         exc = NotAccepted(st.label, reason, report, best, st.spent_attempts)
         st.failed = exc
         st.failed_events = st.events
-        _emit(self.book, events.Stopped(st.label, reason))
         escalate = node.on_failure or self.book.on_failure
         if escalate is not None and not st.escalated and not st.damped:
             st.escalated = True
             cand = escalate(exc)     # what the caller supplies (a human, a stronger model)
             if cand is not None:
-                self._escalated(cand, exc)
-        raise exc
+                self._escalated(cand, exc)   # accepted: returns through _Escalated; rejected:
+                                             # stops (and says so) in its own _fail
+        _emit(self.book, events.Stopped(st.label, reason))   # (after escalation: a stop
+        raise exc                                            # that does not stick is none)
 
     def _escalated(self, cand: Any, exc: NotAccepted) -> None:
         """on_failure returned a candidate: it is validated like any other; accepted, the

@@ -691,3 +691,14 @@ def test_incr_inspect_shows_attempts_unvalidated_and_validator_changes(tmp_path,
     assert "revision 2: accepted; hypothesis h2" in out
     assert out.count("node(0)  unvalidated") == 1 and out.count("node(0)  stable") == 1
     assert "Validator changes" not in out      # two definitions, each with its own audit
+
+
+def test_an_escalation_that_is_accepted_announces_no_stop(rt):
+    s = Script("-a")
+    node = make(s, validators=[cases("a")], budget=incr.Budget(max_attempts=1),
+                on_failure=lambda e: "fixed +a")
+    got = collect(rt)
+    with rt:
+        assert node(0) == "fixed +a"
+    kinds = [type(e).__name__ for e in got]
+    assert "Stopped" not in kinds and kinds[-1] == "Accepted"
