@@ -1649,11 +1649,7 @@ class _Loop:
             out = self._verdicts(val, None, e)
         else:
             out = self._verdicts(val, res, None)
-        if self.book.listeners:
-            _emit(self.book, events.ValidationFinished(
-                self.st.label, val.id, self.st.revision, time.monotonic() - t0,
-                tuple(v.kind for v in out)))
-        return out
+        return self._validated(val, t0, out)
 
     def _collect(self, val: Validator, cand: Any) -> list:
         t0 = time.monotonic()
@@ -1665,6 +1661,10 @@ class _Loop:
             out = self._verdicts(val, None, e)
         else:
             out = self._verdicts(val, res, None)
+        return self._validated(val, t0, out)
+
+    def _validated(self, val: Validator, t0: float, out: list) -> list:
+        """A validator's run is over: announce it (events.ValidationFinished); its verdicts."""
         if self.book.listeners:
             _emit(self.book, events.ValidationFinished(
                 self.st.label, val.id, self.st.revision, time.monotonic() - t0,
