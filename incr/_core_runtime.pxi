@@ -28,7 +28,7 @@ cdef class Runtime:
 
     def __init__(self, store=None, *, hash="xxh3_128", max_workers=None, max_bytes=None,
                  executor=None, max_concurrency=None, durability="group", remote=None,
-                 budget=None, on_failure=None):
+                 budget=None, on_failure=None, pass_budget=None):
         if durability not in ("group", "sync"):
             raise ValueError(f"Runtime: durability must be 'group' or 'sync', got "
                              f"{durability!r:.80}")
@@ -83,10 +83,10 @@ cdef class Runtime:
             raise TypeError(f"Runtime: executor must have submit() and results() (see "
                             f"incr.adapters.dask and incr.adapters.ray), got {executor!r}")
         self.executor = executor
-        if budget is not None or on_failure is not None:
+        if budget is not None or on_failure is not None or pass_budget is not None:
             # control across every LLM node of the runtime (incr.llmnodes checks the types)
             from incr import llmnodes as _llm
-            _llm.configure(self, budget, on_failure)
+            _llm.configure(self, budget, on_failure, pass_budget)
         if remote is not None and store is None:
             raise ValueError("Runtime: remote= is a second tier of a store: pass store= too "
                              "(e.g. Runtime(store='.incr', remote='redis://host:6379/0'))")
@@ -199,10 +199,13 @@ cdef class Runtime:
         check_usable(self)
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy("stabilize"))
-        if self.llm is not None and self.llm.spot:
-            # LLM nodes with recheck_every= whose spot check is due are withdrawn first
+        if self.llm is not None and (self.llm.spot or self.llm.pass_budget is not None):
             from incr import llmnodes as _llm
-            _llm.spot_checks(self)
+            if self.llm.pass_budget is not None and not self.catching:
+                _llm.pass_reset(self)     # Runtime(pass_budget=): a stabilization begins
+            if self.llm.spot:
+                # LLM nodes with recheck_every= whose spot check is due are withdrawn first
+                _llm.spot_checks(self)
         if _async_defined and not _loop_running() and not self.busy_depth:
             # async cells or calls may need to run: on this thread's event loop, concurrently
             return _aio_mod().drive(_aio_mod().astabilize(self))

@@ -361,6 +361,7 @@ class _Node:
     warned: set = attrs.Factory(set)  # monitors that warned in this budget
     near: int = 0                   # the revision the new candidate equals after normalize
     unvalidated: bool = False       # as saved: nothing validated the candidate (incr inspect)
+    pass_cut: bool = False          # stopped by Runtime(pass_budget=): the next pass goes on
 
 
 class _Bookkeeping:
@@ -372,6 +373,8 @@ class _Bookkeeping:
         self.validations = 0
         self.listeners: tuple = ()          # rt.on_event callbacks (replaced, never mutated)
         self.budget: Budget | None = None   # Runtime(budget=): every node together
+        self.pass_budget: Budget | None = None  # Runtime(pass_budget=): per stabilize()
+        self.pass_spent: list = [0, 0, 0.0, 0.0]  # calls, tokens, cost, seconds this pass
         self.on_failure: Callable | None = None   # Runtime(on_failure=): the default
         self.lock = threading.Lock()        # the runtime-wide spend (worker threads add to it)
         self.calls = 0
@@ -391,10 +394,11 @@ def _book(rt) -> _Bookkeeping:
     return b
 
 
-def configure(rt, budget, on_failure) -> None:
-    """Runtime(budget=, on_failure=): control over every LLM node of ``rt``."""
-    if budget is not None and not isinstance(budget, Budget):
-        raise TypeError(f"Runtime: budget must be an incr.Budget, got {_short(budget)}")
+def configure(rt, budget, on_failure, pass_budget=None) -> None:
+    """Runtime(budget=, pass_budget=, on_failure=): control over every LLM node of ``rt``."""
+    for name, b in (("budget", budget), ("pass_budget", pass_budget)):
+        if b is not None and not isinstance(b, Budget):
+            raise TypeError(f"Runtime: {name} must be an incr.Budget, got {_short(b)}")
     if on_failure is not None and not callable(on_failure):
         raise TypeError(f"Runtime: on_failure must be callable(report) -> candidate | None, "
                         f"got {_short(on_failure)}")
@@ -402,7 +406,14 @@ def configure(rt, budget, on_failure) -> None:
         _refuse_async(on_failure, "Runtime: on_failure=",
                       getattr(on_failure, "__qualname__", repr(on_failure)))
     b = _book(rt)
-    b.budget, b.on_failure = budget, on_failure
+    b.budget, b.on_failure, b.pass_budget = budget, on_failure, pass_budget
+
+
+def pass_reset(rt) -> None:
+    """A stabilize() (or astabilize()) begins: Runtime(pass_budget=) starts afresh."""
+    book = rt.llm
+    with book.lock:
+        book.pass_spent = [0, 0, 0.0, 0.0]
 
 
 def on_event(rt, callback) -> Callable[[], None]:
@@ -435,46 +446,68 @@ def _emit(book: _Bookkeeping, event: Any) -> None:
                           f"{e}; the loop went on", RuntimeWarning, stacklevel=2)
 
 
-def _graph_over(book: _Bookkeeping) -> str | None:
-    """Which runtime-wide limit (Runtime(budget=)) is used up, or None."""
-    b = book.budget
+def _limit_over(b: Budget | None, calls: int, tokens: int, cost: float,
+                seconds: float) -> str | None:
     if b is None:
         return None
-    if b.max_attempts is not _DEFAULT_ATTEMPTS and book.calls >= b.max_attempts:
-        return f"model calls {book.calls} of {b.max_attempts}"
-    if b.max_tokens is not None and book.tokens >= b.max_tokens:
-        return f"tokens {book.tokens} of {b.max_tokens}"
-    if b.max_cost is not None and book.cost >= b.max_cost:
-        return f"cost {book.cost:g} of {b.max_cost:g}"
-    if b.max_seconds is not None and book.seconds >= b.max_seconds:
-        return f"seconds in model calls {book.seconds:.3g} of {b.max_seconds:g}"
+    if b.max_attempts is not _DEFAULT_ATTEMPTS and calls >= b.max_attempts:
+        return f"model calls {calls} of {b.max_attempts}"
+    if b.max_tokens is not None and tokens >= b.max_tokens:
+        return f"tokens {tokens} of {b.max_tokens}"
+    if b.max_cost is not None and cost >= b.max_cost:
+        return f"cost {cost:g} of {b.max_cost:g}"
+    if b.max_seconds is not None and seconds >= b.max_seconds:
+        return f"seconds in model calls {seconds:.3g} of {b.max_seconds:g}"
     return None
 
 
+def _graph_over(book: _Bookkeeping) -> str | None:
+    """Which runtime-wide limit (Runtime(budget=), or Runtime(pass_budget=) for the current
+    stabilization) is used up, or None."""
+    over = _limit_over(book.budget, book.calls, book.tokens, book.cost, book.seconds)
+    if over is None:
+        over = _limit_over(book.pass_budget, *book.pass_spent)
+        if over is not None:
+            over += " in this stabilization"
+    return over
+
+
 def _graph_take(book: _Bookkeeping) -> None:
-    """Claim one model call from the runtime-wide budget, atomically (calls made ahead in
-    worker threads race here): raises _GraphBudget when it is used up."""
-    if book.budget is None:
+    """Claim one model call from the runtime-wide budgets, atomically (calls made ahead in
+    worker threads race here): raises _GraphBudget when one is used up."""
+    if book.budget is None and book.pass_budget is None:
         return
     with book.lock:
         over = _graph_over(book)
         if over is not None:
             raise _GraphBudget(over)
         book.calls += 1
+        book.pass_spent[0] += 1
 
 
 def _graph_spent(book: _Bookkeeping, tokens: int, cost: float, seconds: float) -> None:
-    if book.budget is None:
+    if book.budget is None and book.pass_budget is None:
         return
     with book.lock:
         book.tokens += tokens
         book.cost += cost
         book.seconds += seconds
+        p = book.pass_spent
+        p[1] += tokens
+        p[2] += cost
+        p[3] += seconds
 
 
 def _graph_figures(book: _Bookkeeping) -> str:
-    return (f"runtime-wide: {book.calls} model call(s), {book.tokens} tokens, cost "
-            f"{book.cost:g}, {book.seconds:.3g} s in model calls, of {book.budget}")
+    text = (f"runtime-wide: {book.calls} model call(s), {book.tokens} tokens, cost "
+            f"{book.cost:g}, {book.seconds:.3g} s in model calls")
+    if book.budget is not None:
+        text += f", of {book.budget}"
+    if book.pass_budget is not None:
+        c, t, k, s = book.pass_spent
+        text += (f"; this stabilization: {c} call(s), {t} tokens, cost {k:g}, {s:.3g} s, of "
+                 f"{book.pass_budget}")
+    return text
 
 
 class _GraphBudget(Exception):
@@ -842,6 +875,12 @@ class _Loop:
                     f"withdrawn {st.withdrawals} times after acceptance in this context "
                     f"(Budget(max_withdrawals={self.node.budget.max_withdrawals})); it stays "
                     f"withdrawn until its context changes"))
+            elif st.failed is not None and st.pass_cut:
+                # stopped by the budget of the last stabilization: this one goes on, within
+                # the node's own budget
+                st.pass_cut = False
+                st.failed = None
+                st.status = "active"
             elif st.failed is not None and st.events == st.failed_events:
                 # nothing changed since it gave up: the same answer, no model call
                 f = st.failed
@@ -1161,6 +1200,7 @@ class _Loop:
             except _GraphBudget as e:
                 st.spent_attempts -= 1              # refused before the call: none was made
                 self.book.generations -= 1
+                st.pass_cut = "in this stabilization" in str(e)
                 self._fail("budget", detail=f"the runtime's budget is used up ({e}); "
                                             + _graph_figures(self.book))
             except _OutOfTime:

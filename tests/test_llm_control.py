@@ -702,3 +702,33 @@ def test_an_escalation_that_is_accepted_announces_no_stop(rt):
         assert node(0) == "fixed +a"
     kinds = [type(e).__name__ for e in got]
     assert "Stopped" not in kinds and kinds[-1] == "Accepted"
+
+
+def test_a_pass_budget_bounds_each_stabilization_and_the_next_one_goes_on():
+    rt = incr.Runtime(pass_budget=incr.Budget(max_attempts=2), max_workers=1)
+    gens = [Script(f"answer {i}") for i in range(3)]
+    nodes = [make(g, version=f"p{i}") for i, g in enumerate(gens)]
+    obs = [rt.observe(n, 0) for n in nodes]
+    with pytest.raises(incr.NotAccepted) as ei:
+        rt.stabilize()
+    assert ei.value.reason == "budget" and "in this stabilization" in ei.value.report
+    assert sum(len(g.calls) for g in gens) == 2
+    rt.stabilize()                        # a new stabilization: the third node goes on
+    assert [o.value for o in obs] == ["answer 0", "answer 1", "answer 2"]
+    assert sum(len(g.calls) for g in gens) == 3
+    rt._check()
+
+
+def test_a_pass_budget_applies_per_astabilize_too():
+    import asyncio
+    rt = incr.Runtime(pass_budget=incr.Budget(max_attempts=1))
+    gens = [Script("a"), Script("b")]
+    nodes = [make(g, version=f"q{i}") for i, g in enumerate(gens)]
+    obs = [rt.observe(n, 0) for n in nodes]
+
+    async def main():
+        with pytest.raises(incr.NotAccepted):
+            await rt.astabilize()
+        await rt.astabilize()
+    asyncio.run(main())
+    assert [o.value for o in obs] == ["a", "b"] and sum(len(g.calls) for g in gens) == 2
