@@ -362,6 +362,8 @@ class _Node:
     near: int = 0                   # the revision the new candidate equals after normalize
     unvalidated: bool = False       # as saved: nothing validated the candidate (incr inspect)
     pass_cut: bool = False          # stopped by Runtime(pass_budget=): the next pass goes on
+    patch_nack: Any = None          # patch mode: why the last patch did not apply (fed back
+                                    # until the next candidate)
 
 
 class _Bookkeeping:
@@ -978,6 +980,7 @@ class _Loop:
             # rejected, it is a repetition (see _judge)
             st.near = st.fingerprints.get(nfp, 0)
             st.revision += 1
+            st.patch_nack = None
             st.fingerprints[fp] = st.revision
             st.fingerprints.setdefault(nfp, st.revision)
             st.values[st.revision] = cand
@@ -1271,10 +1274,13 @@ class _Loop:
                         self.cut_short = True
                         raise
                     a.note = f"the patch did not apply: {type(e).__name__}: {e}"
-                    feedback = tuple(v for v in feedback if v.case != "incr.patch") + (
-                        NACK("incr.patch", {"patch": _short(patch), "error": str(e)},
-                             "the patch did not apply to previous: send a patch against "
-                             "previous exactly, or the full answer"),)
+                    # kept in the node's state, not here: a pass that runs the next call ahead
+                    # resumes the loop, and must make the call with the same feedback
+                    self.st.patch_nack = NACK(
+                        "incr.patch", {"patch": _short(patch), "error": str(e)},
+                        "the patch did not apply to previous: send a patch against "
+                        "previous exactly, or the full answer")
+                    feedback = self._feedback()
                     stop = self._over_budget()
                     if stop:
                         self._fail(stop)
@@ -1495,6 +1501,8 @@ class _Loop:
             if k not in seen:
                 seen.add(k)
                 out.append(v)
+        if st.patch_nack is not None:
+            out.append(st.patch_nack)
         return tuple(out)
 
     # -- evidence ---------------------------------------------------------------------------

@@ -83,6 +83,7 @@ from hypothesis.stateful import (
 import incr
 from incr.errors import _Deferred
 
+_BAD_PATCH = object()
 REASONS = {"budget", "oscillation", "no_progress", "validator_unstable", "unknown",
            "divergence"}
 STATUSES = {"active", "stable", "invalid", "failed"}
@@ -115,7 +116,8 @@ generator_calls = st.one_of(
     st.just(("fresh",)),
     st.tuples(st.just("repeat"), st.integers(0, 7)),
     st.just(("transient",)),
-)
+    st.just(("badpatch",)),      # with B in patch mode, on a retry: a patch that does not
+)                                # apply (else: a fresh candidate)
 mostly_default = st.one_of(st.none(), st.none(), st.none(), validator_calls)
 mostly_fresh = st.one_of(st.just(("fresh",)), st.just(("fresh",)), generator_calls)
 c_calls = st.one_of(
@@ -154,6 +156,8 @@ def configs(draw):
         "b_min": draw(st.sampled_from([0, 0, 1, 2, 3])),
         "b_budget": draw(st.integers(1, 4)),
         "b_timed": draw(st.booleans()),                # B has a validator with timeout=
+        "b_patch": draw(st.booleans()),                # B answers retries with patches
+        "b_cooldown": draw(st.sampled_from([None, None, 0.001])),
         # Runtime(budget=Budget(max_attempts=g)): model calls of A and B together
         "g_budget": draw(st.sampled_from([None, None, None, 1, 3, 5])),
         # what each one does, in a cycle, whenever no script step told it otherwise
@@ -247,14 +251,28 @@ class LLMFaults(RuleBasedStateMachine):
             machine._handed_out("A", a, "B's generator")
             machine._gen_call("B", (a, machine.x_version, machine.a_failures), previous,
                               feedback)
-            return machine._produce("B", f"b{{}}[{a}]")
+            retry = machine.b_patch and previous is not None
+            cand = machine._produce("B", f"b{{}}[{a}]", bad_patch=retry)
+            if cand is _BAD_PATCH:
+                return ("bad",)
+            return ("patch", cand) if retry else cand
 
         gen_a.__qualname__ = gen_a.__name__ = "A"
         gen_b.__qualname__ = gen_b.__name__ = "B"
         A = incr.llm(gen_a, validators=a_vals, budget=incr.Budget(max_attempts=cfg["a_budget"]),
                      accept=incr.Acceptance(required=a_req, min_cases=cfg["a_min"]),
                      version="a")
-        B = incr.llm(gen_b, validators=b_vals, budget=incr.Budget(max_attempts=cfg["b_budget"]),
+        self.b_patch = cfg.get("b_patch", False)
+
+        def apply(previous, patch):
+            if patch[0] != "patch":
+                raise ValueError("this patch does not apply")
+            return patch[1]
+
+        B = incr.llm(gen_b, validators=b_vals,
+                     budget=incr.Budget(max_attempts=cfg["b_budget"],
+                                        cooldown=cfg.get("b_cooldown")),
+                     apply=apply if self.b_patch else None,
                      accept=incr.Acceptance(required=b_req, min_cases=cfg["b_min"]),
                      version="b")
         A.backoff = B.backoff = 0.0          # transport retries without sleeping
@@ -391,7 +409,7 @@ class LLMFaults(RuleBasedStateMachine):
         if any(not isinstance(f, incr.NACK) for f in feedback):
             self.problems.append(f"{node}'s feedback holds a non-NACK: {feedback!r}")
         have = {(f.case, f.counterexample, f.message) for f in feedback
-                if isinstance(f, incr.NACK)}
+                if isinstance(f, incr.NACK) and f.case != "incr.patch"}
         missing = self.regressions[node] - have
         if missing:
             self.problems.append(f"{node}'s feedback lacks regression cases {sorted(missing)}; "
@@ -401,10 +419,12 @@ class LLMFaults(RuleBasedStateMachine):
         if isinstance(e, incr.events.Reverted):
             self.reverts.setdefault(e.label, []).append((e.revision, e.to))
 
-    def _produce(self, node, template):
+    def _produce(self, node, template, bad_patch=False):
         what = self._pop("gen" + node)
         if what[0] == "transient":
             raise ConnectionError("connection reset")     # retried, never fed back
+        if what[0] == "badpatch" and bad_patch:
+            return _BAD_PATCH
         vals = self.values[node]
         if what[0] == "repeat" and vals:
             self.repeats[node] += 1
