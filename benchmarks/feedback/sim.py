@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from benchmarks.feedback.tasks import Task, make, parse, right_value
+from benchmarks.feedback.tasks import Task, make, parse, patch_key, right_value
 
 LABEL = "SIMULATED MODEL (seeded simulation, not an LLM)"
 
@@ -129,12 +129,12 @@ class SimModel:
                     if u < m["p_fix"]:
                         own[a] = exp
                     elif u < m["p_fix"] + m["p_overfit"]:
-                        patched.add(v.case)
+                        patched.add(patch_key(v.case, prompt.inst))
                     else:
                         own[a] = rng.randrange(nvals)
                 elif exp is not None:        # its value is what was expected, yet it fails
                     if u < m["p_overfit"]:
-                        patched.add(v.case)
+                        patched.add(patch_key(v.case, prompt.inst))
                 else:                        # blame passed upstream: no expected value
                     own[a] = want[a] if u < m["p_vague"] else rng.choice(
                         [x for x in range(nvals) if x != want[a]])
