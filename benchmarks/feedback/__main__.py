@@ -224,7 +224,8 @@ def per_round(rs):
     """Per attempt index (a node instance's k-th model call after its first; pooled from
     MAX_K): fix rate among those wrong before it, break rate among those right before it
     (and among those whose first answer was right); for incr arms the outcome the loop
-    recorded for each attempt (its revision index, reused ones included); per loop round the
+    recorded for its attempt k (k retries after its first, a reused first attempt included:
+    k = revision - 1, so it lines up with the model call it came from); per loop round the
     runs that reached it and the runs that ended there escalated."""
     pa: dict = defaultdict(lambda: [0] * 6)
     oc: dict = defaultdict(Counter)
@@ -370,7 +371,7 @@ def print_all(res, w=None):
               f"reverts {m['reverts']['mean']:.2f}\n")
     w("\nper attempt index k (a node instance's k-th model call after its first; k=6 pools "
       "6+): fix = wrong->right, brk = right->wrong, brk1 = right->wrong where the first answer "
-      "was right; incr arms: share of attempts reverted / stopped at revision k\n")
+      "was right; incr arms: share of attempts k (revision k+1) reverted / stopped on\n")
     for arm, m in runs.items():
         pr = m["per_round"]
         if not pr["attempts"] and not pr["outcomes"]:

@@ -596,7 +596,7 @@ def score(ctx: Ctx, out: dict) -> dict:
                           and first_ok[c.name] and not ok[c.name])
     outcomes: dict = defaultdict(Counter)
     for _n, _i, x, outcome, _r in ctx.attempts:
-        outcomes[x + 1][outcome] += 1
+        outcomes[x][outcome] += 1          # x: retries before it (0 = first answer)
     return {
         "task": task.id, "family": task.family, "control": task.control, "arm": ctx.arm,
         "seed": ctx.seed, "success": acc and correct, "accepted": acc,
