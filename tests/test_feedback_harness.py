@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 
 import pytest
 
@@ -26,13 +27,14 @@ def _other_hidden(t):
     return dataclasses.replace(t, checks=tuple(keep + new))
 
 
-def _trajectory(arm, t, seed):
-    ctx = A.Ctx(arm, t, CFG, seed)
-    if arm == "incr":
-        A.run_incr(ctx, 1)
+def _trajectory(arm, t, seed, cfg=CFG):
+    ctx = A.Ctx(arm, t, cfg, seed)
+    if arm in ("incr", "incr_reuse"):
+        A.run_incr(ctx, 1, reuse=arm == "incr_reuse")
     else:
         A.run_plain(ctx)
-    return [(n, k) for n, k, _c, _t in ctx.log], dict(ctx.cur), ctx.calls, ctx.cost
+    return ([(x[0], x[1], x[4]) for x in ctx.log], {i: dict(c) for i, c in ctx.curs.items()},
+            ctx.calls, ctx.cost)
 
 
 @pytest.mark.parametrize("arm", [a for a in A.ARMS if a != "incr_par"])
@@ -70,7 +72,8 @@ def test_asking_again_without_feedback_resamples():
     assert first not in again and len(again) > 1
 
 
-@pytest.mark.parametrize("arm", ["resample", "whole", "cache", "recheck", "incr", "strong"])
+@pytest.mark.parametrize("arm", ["resample", "whole", "cache", "recheck", "incr", "incr_reuse",
+                                 "strong"])
 def test_equal_spend_curves_are_exact_truncations(arm):
     """What the curve says an arm does under cap m is what the arm does when really capped."""
     checked = 0
@@ -143,9 +146,9 @@ def test_outcomes_are_consistent_and_controls_start_right(rows):
 def test_first_answers_are_the_same_in_every_base_arm():
     t = tasks()[2]
     firsts = set()
-    for arm in ("single", "resample", "whole", "cache", "recheck", "incr"):
+    for arm in ("single", "resample", "whole", "cache", "recheck", "incr", "incr_reuse"):
         ctx = A.Ctx(arm, t, CFG, 3)
-        A.run_incr(ctx) if arm == "incr" else A.run_plain(ctx)
+        A.run_incr(ctx, reuse=arm == "incr_reuse") if "incr" in arm else A.run_plain(ctx)
         firsts.add(tuple(sorted((n, A.parse(c)["own"].__repr__()) for n, c in ctx.first.items())))
     assert len(firsts) == 1
 
@@ -164,9 +167,11 @@ def test_the_incr_arms_run_incr_with_threads():
 
 def test_task_set_is_what_the_page_says():
     ts = tasks()
-    assert len(ts) >= 20 and len({t.family for t in ts}) == 4
+    assert len(ts) == 30 and len({t.family for t in ts}) == 5
     assert all(3 <= len(t.nodes) <= 5 for t in ts)
-    assert sum(t.control for t in ts) == 4
+    assert sum(t.control for t in ts) == 5
+    multi = [t for t in ts if t.instances > 1]
+    assert len(multi) == 6 and {t.family for t in multi} == {"instances"}
     assert all(any(c.kind == "hidden" for c in t.checks) for t in ts)
     assert sum(any(c.kind == "protective" for c in t.checks) for t in ts) >= 20
     for t in ts:
@@ -187,3 +192,115 @@ def test_main_is_reproducible_and_labelled(tmp_path, capsys):
     assert outs[0]["runs"] == outs[1]["runs"]
     assert outs[0]["config_sha256"] == _SHA and outs[0]["git_commit"]
     assert outs[0]["deviations"] == []
+
+
+# --- incr with reuse-by-revalidation, per-round metrics, flaky validators -------------------
+
+
+def _instances(vary: bool):
+    return [t for t in tasks() if t.instances > 1 and not t.control
+            and any(a.per_instance for n in t.nodes for a in n.aspects) == vary]
+
+
+def test_reuse_makes_fewer_model_calls_where_instances_share_the_answer():
+    plain = reuse = avoided = 0
+    for t in _instances(vary=False):
+        for seed in range(4):
+            a, b = A.run("incr", t, CFG, seed), A.run("incr_reuse", t, CFG, seed)
+            plain += a["calls"]
+            reuse += b["calls"]
+            avoided += b["reused_accepted"]
+            assert a["reused"] == 0 and b["reused"] >= b["reused_accepted"]
+    assert avoided > 0 and reuse < plain
+    # single-instance tasks: nothing to reuse, the reuse arm is the incr arm, call for call
+    for t in tasks()[:24:5]:
+        assert _trajectory("incr", t, 1) == _trajectory("incr_reuse", t, 1)
+
+
+def test_reuse_never_accepts_without_evidence_on_its_own_instance():
+    rejected_reuse = 0
+    for t in _instances(vary=True) + _instances(vary=False):
+        for seed in range(4):
+            ctx = A.Ctx("incr_reuse", t, CFG, seed)
+            out = A.run_incr(ctx, 1, reuse=True)
+            r = A.score(ctx, out)
+            # every acceptance (reused candidates included) had an ACK for that very revision
+            # under its own label (instance), seen through rt.on_event
+            assert ctx.events.get("Accepted", 0) > 0 and r["reuse_unbacked"] == 0
+            # an accepted run passes the visible checks of every instance, its own evidence
+            assert not r["accepted"] or r["visible_ok"], (t.id, seed)
+            rejected_reuse += sum(1 for _n, _i, _x, o, reused in ctx.attempts
+                                  if reused and o != "accepted")
+    # where instances differ, re-validation does turn reused candidates down
+    assert rejected_reuse > 0
+
+
+def test_per_attempt_metrics_add_up_and_match_the_engine_records():
+    t_all = tasks()[::3]
+    for arm in ("recheck", "incr"):
+        for t in t_all:
+            for seed in range(2):
+                ctx = A.Ctx(arm, t, CFG, seed)
+                out = A.run_incr(ctx, 1) if arm == "incr" else A.run_plain(ctx)
+                r = A.score(ctx, out)
+                firsts = {(x[0], x[4]) for x in ctx.log}
+                n = sum(k[1] + k[3] for k in r["per_attempt"])
+                assert n == r["calls"] - len(firsts), (arm, t.id, seed)   # every retry, once
+                for k, wb, fixed, rb, broken, fr, fbroken in r["per_attempt"]:
+                    assert k >= 1 and 0 <= fixed <= wb and 0 <= broken <= rb
+                    assert 0 <= fbroken <= fr <= rb
+                if arm == "incr":
+                    oc = Counter()
+                    for v in r["outcomes_by_attempt"].values():
+                        oc.update(v)
+                    assert sum(oc.values()) == len(ctx.attempts)
+                    # the attempt records and the typed events tell the same story
+                    assert oc["reverted"] == r["events"].get("Reverted", 0) == r["reverts"]
+                    assert oc["stopped"] == r["events"].get("Stopped", 0)
+                    if not r["capped"]:      # (the harness's meter cuts without a Stopped)
+                        assert r["escalated"] == (oc["stopped"] > 0)
+                    assert oc["accepted"] <= r["events"].get("Accepted", 0)
+
+
+def test_per_round_summary_rates(rows):
+    pr = bench.per_round([r for r in rows if r["arm"] == "incr"])
+    assert pr["attempts"] and pr["outcomes"] and pr["escalation_by_round"]
+    for k, a in pr["attempts"].items():
+        assert a["fix_rate"] is None or 0 <= a["fix_rate"] <= 1
+    for k, o in pr["outcomes"].items():
+        assert abs(sum(o[x] for x in ("accepted", "rejected", "reverted", "stopped",
+                                      "interrupted")) - 1) < 1e-9
+    single = bench.per_round([r for r in rows if r["arm"] == "single"])
+    assert single["attempts"] == {}        # one call per node: no retries to rate
+
+
+def test_flaky_validators_flip_verdicts_and_stay_blind_to_hidden_checks():
+    flaky, _ = bench.load_config(overrides=["validator.p_flaky=0.3"])
+    flips = wrong = 0
+    for t in tasks()[::4]:
+        for seed in range(2):
+            assert A.run("recheck", t, CFG, seed)["flips"] == 0
+            r = A.run("incr", t, flaky, seed)
+            flips += r["flips"]
+            wrong += r["wrong_accepted"]
+    assert flips > 0 and wrong > 0
+    for arm in ("recheck", "incr"):
+        for t in tasks()[1::6]:
+            assert _trajectory(arm, t, 0, flaky) == _trajectory(arm, _other_hidden(t), 0, flaky)
+    rows_ = bench.run_grid(CFG, [0, 1], ["single", "incr"], tasks()[:4])
+    out = bench.flaky(CFG, ["single", "incr"], [0, 1], rows_, 20)
+    assert out["p_flaky"] == CFG["harness"]["flaky_p"] > 0
+    assert out["arms"]["incr"]["clean_success"]["mean"] == pytest.approx(
+        sum(r["success"] for r in rows_ if r["arm"] == "incr") / 8)
+
+
+def test_the_incr_arms_use_the_preregistered_patience():
+    assert CFG["incr"]["patience"] == 2
+    tight, _ = bench.load_config(overrides=["incr.patience=1"])
+    loose, _ = bench.load_config(overrides=["incr.patience=50"])
+    reasons = Counter()
+    for t in tasks()[::2]:
+        for seed in range(3):
+            reasons["tight:" + str(A.run("incr", t, tight, seed)["reason"])] += 1
+            reasons["loose:" + str(A.run("incr", t, loose, seed)["reason"])] += 1
+    assert reasons["tight:divergence"] > reasons["loose:divergence"] == 0

@@ -3,10 +3,11 @@
     python -m benchmarks.feedback --sweep   # the full run on docs/evaluation.md
     python -m benchmarks.feedback --quick   # 4 seeds: seconds
 
-24 abstract tasks of 3-5 LLM nodes in 4 families (chain, codegen, upstream, diamond) with
-visible, protective and hidden checks and controls; imprecise blame; eight arms (single,
-resample, whole, cache, recheck, incr, incr_par, strong) compared on success-vs-spend curves
-(cost, calls, tokens) with bootstrap intervals over seeds. The simulated model sees only the
+30 abstract tasks of 3-5 LLM nodes in 5 families (chain, codegen, upstream, diamond,
+instances) with visible, protective and hidden checks and controls; imprecise blame; nine arms
+(single, resample, whole, cache, recheck, incr, incr_reuse, incr_par, strong) compared on
+success-vs-spend curves (cost, calls, tokens) with bootstrap intervals over seeds; per-attempt
+fix/break/revert/stop rates; a flaky-validator condition. The simulated model sees only the
 prompt, its previous candidate, feedback from visible checks and a per-task latent skill;
 every rate is pre-registered in config.toml. Never asserts a figure. Method, bias and results:
 docs/evaluation.md.

@@ -176,7 +176,9 @@ def equal_spend(rows, unit, caps, points, reps, ref="incr", rng_seed=0):
 
 RUN_METRICS = ("success", "wrong_accepted", "escalated", "calls", "tokens", "cost", "latency_s",
                "checks_run", "rounds", "climbs", "kept", "broken_first", "protective_broken",
-               "cache_hits")
+               "cache_hits", "reused", "reused_accepted", "reuse_unbacked", "reverts",
+               "regressions", "flips")
+MAX_K = 6          # per-attempt tables pool attempt indices >= MAX_K
 
 
 def boot_mean(rows, metric, reps, rng_seed=0):
@@ -213,7 +215,81 @@ def summarize_runs(rows, arm_names, reps):
         m["reasons"] = dict(Counter(r["reason"] for r in rs if r["reason"]))
         m["runs"] = len(rs)
         m["harness_capped"] = sum(r["capped"] for r in rs)
+        m["per_round"] = per_round(rs)
         out[arm] = m
+    return out
+
+
+def per_round(rs):
+    """Per attempt index (a node instance's k-th model call after its first; pooled from
+    MAX_K): fix rate among those wrong before it, break rate among those right before it
+    (and among those whose first answer was right); for incr arms the outcome the loop
+    recorded for its attempt k (k retries after its first, a reused first attempt included:
+    k = revision - 1, so it lines up with the model call it came from); per loop round the
+    runs that reached it and the runs that ended there escalated."""
+    pa: dict = defaultdict(lambda: [0] * 6)
+    oc: dict = defaultdict(Counter)
+    for r in rs:
+        for k, *v in r["per_attempt"]:
+            row = pa[min(k, MAX_K)]
+            for i, x in enumerate(v):
+                row[i] += x
+        for k, c in r["outcomes_by_attempt"].items():
+            oc[min(int(k), MAX_K)].update(c)
+    rate = (lambda a, b: None if not b else a / b)
+    attempts = {str(k): {"wrong_before": v[0], "fix_rate": rate(v[1], v[0]),
+                         "right_before": v[2], "break_rate": rate(v[3], v[2]),
+                         "first_right_before": v[4], "first_right_break_rate": rate(v[5], v[4])}
+                for k, v in sorted(pa.items())}
+    outcomes = {}
+    for k, c in sorted(oc.items()):
+        n = sum(c.values())
+        outcomes[str(k)] = {"n": n, **{o: c[o] / n for o in ("accepted", "rejected", "reverted",
+                                                             "stopped", "interrupted")}}
+    top = max((r["rounds"] for r in rs), default=0)
+    esc = {}
+    for rnd in range(1, top + 1):
+        reached = sum(1 for r in rs if r["rounds"] >= rnd)
+        ended = sum(1 for r in rs if r["rounds"] == rnd and r["escalated"])
+        esc[str(rnd)] = {"reached": reached, "escalated_here": ended,
+                         "rate": rate(ended, reached)}
+    return {"attempts": attempts, "outcomes": outcomes, "escalation_by_round": esc}
+
+
+def flaky(cfg, arm_names, seeds, clean_rows, reps):
+    """The flaky-validator condition (pre-registered rate), paired with the clean run on the
+    same seeds: success, wrong accepted, escalated, and clean - flaky with a bootstrap CI."""
+    p = cfg["harness"]["flaky_p"]
+    c2 = {k: dict(v) for k, v in cfg.items()}
+    c2["validator"]["p_flaky"] = p
+    rows = run_grid(c2, seeds, arm_names)
+    out = {"p_flaky": p, "seeds": [seeds[0], seeds[-1]], "arms": {}}
+    for arm in arm_names:
+        fr = [r for r in rows if r["arm"] == arm]
+        cr = [r for r in clean_rows if r["arm"] == arm and r["seed"] in set(seeds)]
+        by_f, by_c = defaultdict(list), defaultdict(list)
+        for r in fr:
+            by_f[r["seed"]].append(r["success"])
+        for r in cr:
+            by_c[r["seed"]].append(r["success"])
+        rng = random.Random(1)
+        diffs = []
+        for _ in range(reps if len(seeds) > 1 else 0):
+            pick = [rng.choice(seeds) for _ in seeds]
+            a = sum(sum(by_c[x]) for x in pick) / sum(len(by_c[x]) for x in pick)
+            b = sum(sum(by_f[x]) for x in pick) / sum(len(by_f[x]) for x in pick)
+            diffs.append(a - b)
+        out["arms"][arm] = {
+            "success": boot_mean(fr, "success", reps), "clean_success": boot_mean(cr, "success", reps),
+            "clean_minus_flaky": boot_mean(cr, "success", 0)["mean"] - boot_mean(fr, "success", 0)["mean"],
+            "diff_ci": [q(diffs, 0.025), q(diffs, 0.975)] if diffs else None,
+            "wrong_accepted": boot_mean(fr, "wrong_accepted", reps),
+            "clean_wrong_accepted": boot_mean(cr, "wrong_accepted", 0)["mean"],
+            "escalated": boot_mean(fr, "escalated", 0)["mean"],
+            "cost": boot_mean(fr, "cost", 0)["mean"],
+            "flips": boot_mean(fr, "flips", 0)["mean"],
+            "reasons": dict(Counter(r["reason"] for r in fr if r["reason"])),
+        }
     return out
 
 
@@ -285,6 +361,36 @@ def print_all(res, w=None):
           f"{m['climbs']['mean']:<6.2f} {m['kept']['mean']:<5.2f} "
           f"{m['broken_first']['mean']:<9.3f} {m['protective_broken']['mean']:<7.3f} "
           f"{str(m['controls_lost']) + '/' + str(m['controls']):<10} {m['reasons']}\n")
+    w("\nincr arms: model calls avoided and loop control, per task (events via rt.on_event, "
+      "attempts via rt.state)\n")
+    for arm, m in runs.items():
+        if arm in A.INCR_ARMS:
+            w(f"{arm:<11} reused {m['reused']['mean']:.2f}  reused+accepted (calls avoided) "
+              f"{m['reused_accepted']['mean']:.2f}  accepted without an ACK "
+              f"{m['reuse_unbacked']['mean']:.3f}  regressions {m['regressions']['mean']:.2f}  "
+              f"reverts {m['reverts']['mean']:.2f}\n")
+    w("\nper attempt index k (a node instance's k-th model call after its first; k=6 pools "
+      "6+): fix = wrong->right, brk = right->wrong, brk1 = right->wrong where the first answer "
+      "was right; incr arms: share of attempts k (revision k+1) reverted / stopped on\n")
+    for arm, m in runs.items():
+        pr = m["per_round"]
+        if not pr["attempts"] and not pr["outcomes"]:
+            continue
+        cells = []
+        for k in range(1, MAX_K + 1):
+            a = pr["attempts"].get(str(k))
+            o = pr["outcomes"].get(str(k))
+            c = (f"fix {f3(a['fix_rate'])} brk {f3(a['break_rate'])} brk1 "
+                 f"{f3(a['first_right_break_rate'])}" if a else "-")
+            if o and arm in A.INCR_ARMS:
+                c += f" rv {o['reverted']:.2f} st {o['stopped']:.2f}"
+            cells.append(f"k={k}: {c}")
+        w(f"{arm:<11} " + " | ".join(cells) + "\n")
+    w("\nescalation by loop round (runs ending not accepted at round r / runs reaching r)\n")
+    for arm, m in runs.items():
+        e = m["per_round"]["escalation_by_round"]
+        w(f"{arm:<11} " + " ".join(f"r{r}:{f3(v['rate'])}" for r, v in e.items() if v["reached"])
+          + "\n")
     fams = list(next(iter(runs.values()))["families"])
     w("\nsuccess per family (uncapped)\n" + f"{'arm':<9} " + " ".join(f"{f:>18}" for f in fams) + "\n")
     for arm, m in runs.items():
@@ -296,6 +402,17 @@ def print_all(res, w=None):
             w(f"{arm:<9} wall {d['wall_s_per_task'] * 1000:7.1f} ms/task   serial sum of sleeps "
               f"{d['simulated_serial_latency_s_per_task'] * 1000:7.1f} ms/task   success "
               f"{d['success']:.2f}\n")
+    if res.get("flaky"):
+        fl = res["flaky"]
+        w(f"\nflaky validators (pre-registered p_flaky = {fl['p_flaky']}; seeds "
+          f"{fl['seeds'][0]}-{fl['seeds'][1]}; paired with the clean run on the same seeds)\n")
+        for arm, d in fl["arms"].items():
+            ci = d["diff_ci"] or [d["clean_minus_flaky"]] * 2
+            w(f"{arm:<11} success {fci(d['success'])} (clean {d['clean_success']['mean']:.2f}; "
+              f"clean-flaky {d['clean_minus_flaky']:+.2f} [{ci[0]:+.2f},{ci[1]:+.2f}])  wrong "
+              f"accepted {d['wrong_accepted']['mean']:.2f} (clean {d['clean_wrong_accepted']:.2f})"
+              f"  escalated {d['escalated']:.2f}  cost {d['cost']:.2f}  flips {d['flips']:.1f}  "
+              f"{d['reasons']}\n")
     if res.get("sweep"):
         w("\nEXPLORATORY sensitivity (not pre-registered): uncapped success / mean cost\n")
         for sw in res["sweep"]:
@@ -347,14 +464,18 @@ def main(argv=None) -> int:
         res["walltime_seeds"] = len(ws)
         res["walltime"] = walltime(cfg, [x for x in ("recheck", "incr", "incr_par")
                                          if x in arm_names], ws)
+        fs = list(range(seeds[0], seeds[0] + min(len(seeds), h["flaky_seeds"])))
+        res["flaky"] = flaky(cfg, arm_names, fs, rows, reps)
     if a.sweep:
         res["sweep"] = []
-        sarms = [x for x in ("resample", "whole", "cache", "recheck", "incr") if x in arm_names]
+        sarms = [x for x in ("resample", "whole", "cache", "recheck", "incr", "incr_reuse")
+                 if x in arm_names]
+        ns = h["sweep_seeds"]
         for over in (["model.p_fix=0.8"], ["model.p_vague=0.8"],
-                     ["model.p_overfit=0.0"], ["model.p_repeat=0.0"]):
+                     ["model.p_overfit=0.0"], ["model.p_repeat=0.0"], ["incr.patience=4"]):
             c2, _ = load_config(a.config, a.set + over)
-            rs = run_grid(c2, seeds[:30], sarms)
-            res["sweep"].append({"set": over, "seeds": 30, "arms": {
+            rs = run_grid(c2, seeds[:ns], sarms)
+            res["sweep"].append({"set": over, "seeds": ns, "arms": {
                 x: {"success": sum(r["success"] for r in rs if r["arm"] == x)
                     / sum(1 for r in rs if r["arm"] == x),
                     "cost": sum(r["cost"] / r["unit"] for r in rs if r["arm"] == x)

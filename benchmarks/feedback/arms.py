@@ -26,7 +26,19 @@ checked node after the top); a case that passes resets it.
   (NACK for itself, ``incr.Reject`` when blame points upstream); a composing ``@incr.cell``
   runs the downstream checks and raises ``incr.Reject(node, ...)``. ``incr_par`` is the same
   with ``max_workers=4`` driven by ``rt.observe`` + ``rt.stabilize()``.
+- ``incr_reuse``: ``incr`` with ``@incr.llm(reuse="revalidate")``: on a task with several
+  instances, a node's new instance first re-validates the accepted candidate of the previous
+  instance under its own validators, accepted only on that evidence; if it fails, the
+  generator starts from it with the NACKs. On single-instance tasks it is ``incr``.
 - ``strong``: the ``resample`` loop with the stronger, dearer model.
+
+Every incr arm runs with the loop control of the engine's defaults (keep-or-revert on) and
+the pre-registered ``[incr] patience`` (divergence monitor). Multi-instance tasks run their
+instances in turn on one meter; every arm runs each instance's loop in full.
+
+Flaky validators (``[validator] p_flaky``): every visible check evaluation gives the wrong
+verdict with that probability, drawn afresh each time it is evaluated (so the same candidate
+may get both verdicts).
 """
 
 from __future__ import annotations
@@ -35,15 +47,17 @@ import json
 import random
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import incr
 from benchmarks.feedback.sim import SimModel, prompt_for
-from benchmarks.feedback.tasks import (Task, blame_path, cause, check_passes, fresh, parse,
-                                       path, right_value)
+from benchmarks.feedback.tasks import (Task, blame_path, cause, check_passes, env_of, fresh,
+                                       parse, path, right_value)
 
-ARMS = ("single", "resample", "whole", "cache", "recheck", "incr", "incr_par", "strong")
-FEEDBACK_ARMS = ("whole", "cache", "recheck", "incr", "incr_par")
+ARMS = ("single", "resample", "whole", "cache", "recheck", "incr", "incr_reuse", "incr_par",
+        "strong")
+FEEDBACK_ARMS = ("whole", "cache", "recheck", "incr", "incr_reuse", "incr_par")
+INCR_ARMS = ("incr", "incr_reuse", "incr_par")
 
 
 class BudgetSpent(Exception):
@@ -71,7 +85,7 @@ def unit_cost(task: Task, cfg: dict) -> tuple[float, int]:
         pt, ct, c = m._tokens(p, None, ())
         cost += c
         tokens += pt + ct
-    return cost, tokens
+    return cost * task.instances, tokens * task.instances
 
 
 class Ctx:
@@ -86,11 +100,17 @@ class Ctx:
             mult = h["run_cap_multiple"] * (cfg["strong"]["price_factor"] if arm == "strong" else 1)
         self.cap = mult * self.unit
         self.sleep_scale = sleep_scale
-        self.env = 1
-        self.cur: dict = {}
-        self.first: dict = {}
-        self.k = defaultdict(int)
-        self.log: list = []          # (node, k, cost, tokens)
+        self.base_env = 1            # the request version (the upstream family changes it)
+        self.inst = 0                # the instance running now
+        self.curs: dict = defaultdict(dict)     # instance -> node -> candidate in force
+        self.firsts: dict = defaultdict(dict)   # instance -> node -> first candidate
+        self.k = defaultdict(int)    # (node, instance) -> model calls
+        self.log: list = []          # (node, k, cost, tokens, instance, candidate, env)
+        self.flips = 0               # visible check verdicts a flaky validator got wrong
+        self.flaky_n: dict = defaultdict(int)
+        self.attempts: list = []     # incr arms: (node, instance, index, outcome, reused)
+        self.events: dict = {}       # incr arms: event type -> count (rt.on_event)
+        self.reused = self.reused_accepted = self.reuse_unbacked = 0
         self.calls = self.tokens = 0
         self.cost = self.seconds = 0.0
         self.checks_run = 0
@@ -102,6 +122,23 @@ class Ctx:
         self.capped = False
         self.lock = threading.Lock()
 
+    @property
+    def env(self) -> int:
+        """The context code of checks and prompts: request version and instance."""
+        return env_of(self.base_env, self.inst)
+
+    @env.setter
+    def env(self, value: int) -> None:
+        self.base_env = value
+
+    @property
+    def cur(self) -> dict:
+        return self.curs[self.inst]
+
+    @property
+    def first(self) -> dict:
+        return self.firsts[self.inst]
+
     # -- the meter -------------------------------------------------------------------------
 
     def call(self, node: str, previous, feedback, current=None):
@@ -110,14 +147,14 @@ class Ctx:
             if self.cost >= self.cap:
                 self.capped = True
                 raise BudgetSpent(node)
-            k = self.k[node]
-            self.k[node] += 1
+            k = self.k[(node, self.inst)]
+            self.k[(node, self.inst)] += 1
             c = self.model.generate(prompt, previous, tuple(feedback), k)
             self.calls += 1
             self.tokens += c.tokens
             self.cost += c.cost
             self.seconds += c.seconds
-            self.log.append((node, k, c.cost, c.tokens))
+            self.log.append((node, k, c.cost, c.tokens, self.inst, c.candidate, self.env))
             self.cur[node] = c.candidate
             self.first.setdefault(node, c.candidate)
         if self.sleep_scale:
@@ -131,6 +168,16 @@ class Ctx:
             raise AssertionError(f"hidden check {chk.name} must never run inside a loop")
         self.checks_run += 1
         ok = check_passes(self.task, chk, current, self.env)
+        p = self.cfg["validator"].get("p_flaky", 0.0)
+        if p:
+            on_path = tuple(x[2] for x in path(self.task, chk.node, chk.aspect,
+                                                current.get(chk.node), current))
+            key = f"{chk.name}/{self.env}/{on_path}"
+            i = self.flaky_n[key]
+            self.flaky_n[key] += 1
+            if random.Random(f"flaky/{self.seed}/{self.task.id}/{key}/{i}").random() < p:
+                ok = not ok
+                self.flips += 1
         if ok:
             self.levels.pop(chk.name, None)
         return ok
@@ -217,8 +264,13 @@ def run_plain(ctx: Ctx) -> dict:
                 stale[n] = v
         return fails, stale
 
-    accepted, reason, rounds = False, None, 1
-    try:
+    reached = [1]
+
+    def one() -> tuple:
+        """One instance's loop: (accepted, reason, rounds); BudgetSpent propagates."""
+        for n in order:
+            fb[n] = []
+        accepted, reason, rounds = False, None, 1
         for n in order:
             gen_cached(n) if arm == "cache" else gen(n, False)
         changed = False
@@ -238,6 +290,7 @@ def run_plain(ctx: Ctx) -> dict:
                 reason = "rejected"
                 break
             rounds += 1
+            reached[0] = max(reached[0], rounds)
             if rounds > h["max_rounds"]:
                 reason = "rounds"
                 break
@@ -266,10 +319,22 @@ def run_plain(ctx: Ctx) -> dict:
                         gen(n, True)
             else:
                 raise ValueError(arm)
+        return accepted, reason, rounds
+
+    accepted, reason = True, None
+    try:
+        for inst in range(task.instances):
+            ctx.inst = inst
+            ctx.levels.clear()
+            ok, why, _r = one()
+            if not ok:
+                accepted = False
+                reason = reason or why
     except BudgetSpent:
-        reason = "budget"
+        accepted, reason = False, "budget"
     return {"accepted": accepted, "reason": None if accepted else reason,
-            "final": dict(ctx.cur), "rounds": rounds}
+            "final": {i: dict(ctx.curs[i]) for i in range(task.instances)},
+            "rounds": min(reached[0], h["max_rounds"] + 1)}
 
 
 # --- incr -------------------------------------------------------------------------------------
@@ -285,7 +350,7 @@ def _ancestors(task: Task, name: str) -> list:
     return [n.name for n in task.nodes if n.name in out]
 
 
-def run_incr(ctx: Ctx, workers: int = 1) -> dict:
+def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False) -> dict:
     task = ctx.task
     rt = incr.Runtime(max_workers=workers)
     env_in = rt.input("env", 1)
@@ -293,6 +358,27 @@ def run_incr(ctx: Ctx, workers: int = 1) -> dict:
     nodes: dict = {}
     validated: dict = defaultdict(set)
     down = [c for c in task.visible if c.where == "down"]
+    keys = ["t"] + [f"t{i}" for i in range(1, task.instances)]
+    patience = int(ctx.cfg.get("incr", {}).get("patience", 2))
+    seen: Counter = Counter()
+    seen_lock = threading.Lock()
+
+    acked: set = set()
+
+    def on_event(e):
+        kind = type(e).__name__
+        with seen_lock:
+            seen[kind] += 1
+            if kind == "Stopped":
+                seen["Stopped:" + str(e.reason)] += 1
+            elif kind == "Verdict" and getattr(e.verdict, "kind", "") == "ACK":
+                acked.add((e.label, e.revision))
+            elif kind == "Accepted" and (e.label, e.revision) not in acked:
+                seen["accepted_without_ack"] += 1    # must stay 0: no evidence, no acceptance
+
+    def here(key):
+        if key != keys[ctx.inst]:
+            raise AssertionError(f"instance {key} ran while {keys[ctx.inst]} was in force")
 
     def make(spec):
         sync = [c for c in task.visible if c.node == spec.name and c.where == "sync"]
@@ -301,6 +387,7 @@ def run_incr(ctx: Ctx, workers: int = 1) -> dict:
         @incr.validator(version="1")
         def checks(cand, key):
             env_in.get()
+            here(key)
             current = {r: nodes[r](key) for r in anc}
             current[spec.name] = cand
             out = [incr.ACK("well_formed")]
@@ -310,6 +397,10 @@ def run_incr(ctx: Ctx, workers: int = 1) -> dict:
             if stale is not None:
                 out.append(incr.NACK(stale.case, counterexample=stale.counterexample))
                 all_ok = False
+            elif spec.embed and spec.reads:
+                # a validator answers every case it checks on every revision: a case it
+                # NACKed once and no longer mentions is UNKNOWN (a regression case)
+                out.append(incr.ACK(f"{spec.name}_fresh"))
             for c in sync:
                 if ctx.run_check(c, current):
                     out.append(incr.ACK(c.name))
@@ -323,22 +414,24 @@ def run_incr(ctx: Ctx, workers: int = 1) -> dict:
             if reject is not None:
                 raise reject
             if all_ok:
-                if cand in validated[spec.name]:
+                if cand in validated[(spec.name, key)]:
                     ctx.kept += 1            # re-validated in a new context and kept
-                validated[spec.name].add(cand)
+                validated[(spec.name, key)].add(cand)
             return out
 
-        @incr.llm(validators=[checks], version="v1", accept=incr.Acceptance(min_cases=1),
-                  budget=incr.Budget(max_attempts=100))
-        def node(key, *, previous=None, feedback=()):
+        def gen(key, *, previous=None, feedback=()):
             env_in.get()
+            here(key)
             current = {r: nodes[r](key) for r in spec.reads}
-            if ctx.phase1 and ctx.k[spec.name] >= 1:
+            if ctx.phase1 and ctx.k[(spec.name, ctx.inst)] >= 1:
                 raise RoundOver(spec.name)
             c = ctx.call(spec.name, previous, feedback, current)
             return incr.Candidate(c.candidate, tokens=c.tokens, cost=c.cost)
 
-        return node
+        gen.__name__ = gen.__qualname__ = spec.name     # labels name the node: n2('t1')
+        return incr.llm(validators=[checks], version="v1", accept=incr.Acceptance(min_cases=1),
+                        budget=incr.Budget(max_attempts=100), patience=patience,
+                        reuse="revalidate" if reuse else None)(gen)
 
     for spec in task.nodes:
         nodes[spec.name] = make(spec)
@@ -348,6 +441,7 @@ def run_incr(ctx: Ctx, workers: int = 1) -> dict:
         if not go.get():
             return None
         env_in.get()
+        here(key)
         current = {n.name: nodes[n.name](key) for n in task.nodes}
         for c in down:
             if not ctx.run_check(c, current) and not ctx.phase1:
@@ -356,22 +450,25 @@ def run_incr(ctx: Ctx, workers: int = 1) -> dict:
         return tuple(current[n.name] for n in task.nodes)
 
     stop = (RoundOver, BudgetSpent, incr.NotAccepted)
-    accepted, reason = False, None
+    accepted, reason = True, None
+    unsubscribe = rt.on_event(on_event)
     with rt:
-        obs = rt.observe(compose, "t") if workers > 1 else None
+        obs: dict = {}
 
-        def step():
+        def step(key):
             if workers > 1:
+                if key not in obs:
+                    obs[key] = rt.observe(compose, key)
                 rt.stabilize()
-                return obs.value
-            return compose("t")
+                return obs[key].value
+            return compose(key)
 
         if task.env_change:
             ctx.phase1 = True
             if workers > 1:
                 go.set(True)
             try:
-                step()
+                step("t")
             except stop:
                 pass
             ctx.phase1 = False
@@ -380,22 +477,52 @@ def run_incr(ctx: Ctx, workers: int = 1) -> dict:
             ctx.env = 2
         elif workers > 1:
             go.set(True)
-        try:
-            accepted = step() is not None
-        except incr.NotAccepted as e:
-            reason = e.reason
-        except BudgetSpent:
-            reason = "budget"
-        final = {}
-        for spec in task.nodes:
+        for i, key in enumerate(keys):
+            ctx.inst = i
+            ctx.levels.clear()
             try:
-                st = rt.state(nodes[spec.name], "t")
+                ok = step(key) is not None
+            except incr.NotAccepted as e:
+                ok, reason = False, reason or e.reason
+            except BudgetSpent:
+                accepted, reason = False, "budget"   # cut: the budget is the reason to report
+                break
+            if not ok:
+                accepted = False
+                reason = reason or "unknown"
+            if key in obs:
+                obs.pop(key).stop()          # the next instance runs on its own
+        final: dict = {}
+        for i, key in enumerate(keys):
+            final[i] = {}
+            for spec in task.nodes:
+                try:
+                    st = rt.state(nodes[spec.name], key)
+                except incr.IncrError:
+                    continue
                 if st.candidate is not None:
-                    final[spec.name] = st.candidate
-            except incr.IncrError:
-                pass
+                    final[i][spec.name] = st.candidate
+                last = len(st.attempts) - 1
+                for x, a in enumerate(st.attempts):
+                    reused = str(a.get("note") or "").startswith("reused from")
+                    # "" : the attempt's validation was set aside (a Reject raised in it, or
+                    # the harness holding the node to its first answer): "interrupted"
+                    outcome = str(a.get("outcome") or "interrupted").split(":")[0]
+                    if x == last and st.status == "failed":
+                        # the attempt the loop stopped on: the engine records "stopped: why",
+                        # "" for a repeated candidate, "rejected" before a divergence stop
+                        outcome = "stopped"
+                    ctx.attempts.append((spec.name, i, x, outcome, reused))
+                    if reused:
+                        ctx.reused += 1
+                        ctx.firsts[i].setdefault(spec.name, a["candidate"])
+                        if outcome == "accepted":
+                            ctx.reused_accepted += 1
         stats = rt.stats()
+    unsubscribe()
     rt.close()
+    ctx.events = dict(seen)
+    ctx.reuse_unbacked = seen.get("accepted_without_ack", 0)
     ctx.incr_stats = {k: stats.get(k) for k in ("generations", "validations")}
     rounds = max(ctx.k.values(), default=0)
     return {"accepted": accepted, "reason": None if accepted else (reason or "unknown"),
@@ -405,41 +532,98 @@ def run_incr(ctx: Ctx, workers: int = 1) -> dict:
 # --- scoring (after the arm returned; the only place hidden checks run) ----------------------
 
 
+def own_ok(task: Task, node: str, cand, env: int) -> bool:
+    """The node's own answer is right (every aspect it writes; upstream not looked at)."""
+    if cand is None:
+        return False
+    own = parse(cand)["own"]
+    return all(own.get(a.name) == right_value(a, env) for a in task.node(node).aspects)
+
+
+def per_attempt(ctx: Ctx) -> list:
+    """Per attempt index k >= 1 of a node instance (its k-th model call after the first):
+    [wrong before, fixed, right before, broken, right before and first answer right, of those
+    broken]. "Before" is the candidate in force before that call (the node instance's last
+    one, or the reused one); judged under the request in force at the call. Scoring only."""
+    task = ctx.task
+    rows: dict = defaultdict(lambda: [0] * 6)
+    last: dict = {}
+    first_right: dict = {}
+    for inst, firsts in ctx.firsts.items():
+        for n, c in firsts.items():
+            last[(n, inst)] = None
+    for node, k, _c, _t, inst, cand, env in ctx.log:
+        key = (node, inst)
+        before = last.get(key)
+        if key not in first_right:
+            first_right[key] = own_ok(task, node, ctx.firsts[inst].get(node), env)
+        if k >= 1 or before is not None:
+            r = rows[max(k, 1)]
+            b, a = own_ok(task, node, before, env), own_ok(task, node, cand, env)
+            if not b:
+                r[0] += 1
+                r[1] += a
+            else:
+                r[2] += 1
+                r[3] += not a
+                if first_right[key]:
+                    r[4] += 1
+                    r[5] += not a
+        last[key] = cand
+    return [[k] + rows[k] for k in sorted(rows)]
+
+
 def score(ctx: Ctx, out: dict) -> dict:
-    task, env = ctx.task, ctx.env
-    final = out["final"]
-    ok = {c.name: check_passes(task, c, final, env) for c in task.checks}
-    correct = all(ok.values())
-    first_ok = {c.name: check_passes(task, c, ctx.first, env) for c in task.checks}
-
-    def node_ok(table, n):
-        return all(table[c.name] for c in task.checks if c.node == n.name)
-
-    broken = sum(1 for n in task.nodes if node_ok(first_ok, n) and not node_ok(ok, n))
+    task = ctx.task
     acc = bool(out["accepted"])
+    correct = visible_ok = first_all = True
+    broken = protective = 0
+    for inst in range(task.instances):
+        env = env_of(ctx.base_env, inst)
+        final = out["final"].get(inst, {})
+        first = ctx.firsts[inst]
+        ok = {c.name: check_passes(task, c, final, env) for c in task.checks}
+        first_ok = {c.name: check_passes(task, c, first, env) for c in task.checks}
+        correct &= all(ok.values())
+        visible_ok &= all(ok[c.name] for c in task.visible)
+        first_all &= all(first_ok.values())
+
+        def node_ok(table, n):
+            return all(table[c.name] for c in task.checks if c.node == n.name)
+
+        broken += sum(1 for n in task.nodes if node_ok(first_ok, n) and not node_ok(ok, n))
+        protective += sum(1 for c in task.checks if c.kind == "protective"
+                          and first_ok[c.name] and not ok[c.name])
+    outcomes: dict = defaultdict(Counter)
+    for _n, _i, x, outcome, _r in ctx.attempts:
+        outcomes[x][outcome] += 1          # x: retries before it (0 = first answer)
     return {
         "task": task.id, "family": task.family, "control": task.control, "arm": ctx.arm,
         "seed": ctx.seed, "success": acc and correct, "accepted": acc,
         "wrong_accepted": acc and not correct, "escalated": not acc, "reason": out["reason"],
-        "visible_ok": all(ok[c.name] for c in task.visible),
-        "protective_broken": sum(1 for c in task.checks if c.kind == "protective"
-                                 and first_ok[c.name] and not ok[c.name]),
-        "first_all_correct": all(first_ok.values()),
-        "broken_first": broken,
+        "visible_ok": visible_ok, "protective_broken": protective,
+        "first_all_correct": first_all, "broken_first": broken,
         "calls": ctx.calls, "tokens": ctx.tokens, "cost": round(ctx.cost, 6),
         "latency_s": round(ctx.seconds, 4), "checks_run": ctx.checks_run,
         "rounds": out["rounds"], "climbs": ctx.climbs, "kept": ctx.kept,
-        "cache_hits": ctx.cache_hits, "capped": ctx.capped,
-        "unit": ctx.unit, "unit_tokens": ctx.unit_tokens, "nodes": len(task.nodes),
-        "log": [(round(c, 6), t) for _n, _k, c, t in ctx.log],
+        "cache_hits": ctx.cache_hits, "capped": ctx.capped, "flips": ctx.flips,
+        "reused": ctx.reused, "reused_accepted": ctx.reused_accepted,
+        "reuse_unbacked": ctx.reuse_unbacked,
+        "reverts": ctx.events.get("Reverted", 0), "regressions": ctx.events.get("Regression", 0),
+        "events": ctx.events,
+        "outcomes_by_attempt": {str(k): dict(v) for k, v in sorted(outcomes.items())},
+        "per_attempt": per_attempt(ctx),
+        "unit": ctx.unit, "unit_tokens": ctx.unit_tokens,
+        "nodes": len(task.nodes) * task.instances, "instances": task.instances,
+        "log": [(round(x[2], 6), x[3]) for x in ctx.log],
         "seen_cases": sorted(set(ctx.model.seen_cases)),
     }
 
 
 def run(arm: str, task: Task, cfg: dict, seed: int, cap_multiple=None, sleep_scale=0.0) -> dict:
     ctx = Ctx(arm, task, cfg, seed, cap_multiple, sleep_scale)
-    if arm == "incr":
-        out = run_incr(ctx, 1)
+    if arm in ("incr", "incr_reuse"):
+        out = run_incr(ctx, 1, reuse=arm == "incr_reuse")
     elif arm == "incr_par":
         out = run_incr(ctx, 4)
     else:

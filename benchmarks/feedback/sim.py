@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from benchmarks.feedback.tasks import Task, make, parse, right_value
+from benchmarks.feedback.tasks import Task, make, parse, patch_key, right_value
 
 LABEL = "SIMULATED MODEL (seeded simulation, not an LLM)"
 
@@ -39,6 +39,7 @@ class Prompt:
     upstream: tuple         # ((node, candidate), ...) as read now
     embed: bool
     control: bool
+    inst: int = 0           # which input of a multi-instance task (its request says so)
 
 
 def prompt_for(task: Task, node: str, env: int, current: dict) -> Prompt:
@@ -46,7 +47,7 @@ def prompt_for(task: Task, node: str, env: int, current: dict) -> Prompt:
     spec = task.node(node)
     return Prompt(task.id, node, tuple((a.name, a.easy) for a in spec.aspects),
                   tuple((a.name, right_value(a, env)) for a in spec.aspects),
-                  tuple((r, current.get(r)) for r in spec.reads), spec.embed, task.control)
+                  tuple((r, current.get(r)) for r in spec.reads), spec.embed, task.control, env // 10)
 
 
 @dataclass
@@ -87,7 +88,9 @@ class SimModel:
 
     def generate(self, prompt: Prompt, previous, feedback, k: int) -> Call:
         m = self.m
-        rng = random.Random(f"gen/{self.seed}/{prompt.task}/{prompt.node}/{k}/{int(self.strong)}")
+        inst = f"/i{prompt.inst}" if prompt.inst else ""
+        rng = random.Random(f"gen/{self.seed}/{prompt.task}/{prompt.node}{inst}/{k}/"
+                            f"{int(self.strong)}")
         s = self.skill(prompt.task)
         nvals = int(m["values"])
         want = dict(prompt.request)
@@ -126,12 +129,12 @@ class SimModel:
                     if u < m["p_fix"]:
                         own[a] = exp
                     elif u < m["p_fix"] + m["p_overfit"]:
-                        patched.add(v.case)
+                        patched.add(patch_key(v.case, prompt.inst))
                     else:
                         own[a] = rng.randrange(nvals)
                 elif exp is not None:        # its value is what was expected, yet it fails
                     if u < m["p_overfit"]:
-                        patched.add(v.case)
+                        patched.add(patch_key(v.case, prompt.inst))
                 else:                        # blame passed upstream: no expected value
                     own[a] = want[a] if u < m["p_vague"] else rng.choice(
                         [x for x in range(nvals) if x != want[a]])

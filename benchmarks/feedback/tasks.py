@@ -19,10 +19,12 @@ the engine is for:
 - ``where``: ``sync`` checks run in the node's own validator, ``down`` checks downstream (in
   incr, a composing cell that raises ``incr.Reject``).
 
-Families (5 tasks + 1 control each, 24 tasks): ``chain`` (embedding chains of 3-5 nodes, the
+Families (5 tasks + 1 control each, 30 tasks): ``chain`` (embedding chains of 3-5 nodes, the
 only visible check of the propagated fact at the end), ``codegen`` (referencing chains),
 ``upstream`` (the request changes after round 1), ``diamond`` (two nodes share an upstream
-node, a sink reads both). A control task's first answers are all right (the simulated model
+node, a sink reads both), ``instances`` (the same graph run on 3 inputs in turn; the inputs
+share the right answer of every aspect, or of all but one ``per_instance`` aspect: what
+reuse across instances can exploit, and where it can mislead). A control task's first answers are all right (the simulated model
 is told so): any loss there is a loop breaking a right answer.
 """
 
@@ -39,6 +41,7 @@ class Aspect:
     easy: bool = False
     dep: tuple[str, str] | None = None      # (upstream node, its aspect)
     env: bool = False                        # the right value changes when env goes 1 -> 2
+    per_instance: bool = False               # the right value differs between instances
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Task:
     checks: tuple[Check, ...] = field(repr=False)
     control: bool = False
     env_change: bool = False
+    instances: int = 1                       # the graph runs on this many inputs, in turn
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -115,9 +119,20 @@ class Task:
         return sum(1 for x in allasp if x in seen) / len(allasp)
 
 
+def env_of(env: int, inst: int = 0) -> int:
+    """The context code every check and prompt is computed under: the request version
+    (``env``, 1 or 2) and the instance (0, 1, ...) in one int."""
+    return env + 10 * inst
+
+
 def right_value(a: Aspect, env: int) -> int:
-    """What the request asks for: the ground truth of one aspect."""
-    return 1 if (a.env and env == 2) else 0
+    """What the request asks for: the ground truth of one aspect under context code ``env``
+    (``env_of``). Instances share every aspect's answer except ``per_instance`` ones, whose
+    right value alternates with the instance (instances 0 and 2 agree, 1 differs)."""
+    base = 1 if (a.env and env % 10 == 2) else 0
+    if a.per_instance:
+        base = (base + env // 10) % 2
+    return base
 
 
 # --- candidates ---------------------------------------------------------------------------
@@ -180,11 +195,18 @@ def fresh(task: Task, node: str, current: dict) -> bool:
     return all(_canon(u.get(r)) == current.get(r) for r in spec.reads)
 
 
+def patch_key(case: str, inst: int) -> str:
+    """What a special-cased ("overfit") edit records: the NACKed case of the input it was
+    made for. Each instance's visible cases are its own inputs, so a candidate special-cased
+    for one instance's case does not pass another instance's case of the same name."""
+    return case if not inst else f"{case}@{inst}"
+
+
 def check_passes(task: Task, chk: Check, current: dict, env: int) -> bool:
     cand = current.get(chk.node)
     if cand is None:
         return False
-    if chk.shown and chk.name in parse(cand)["p"]:
+    if chk.shown and patch_key(chk.name, env // 10) in parse(cand)["p"]:
         return True                          # special-cased: visible cases only
     return aspect_ok(task, chk.node, chk.aspect, cand, env, current)
 
@@ -226,11 +248,12 @@ def blame_path(task: Task, chk: Check) -> list:
 
 
 def _chain(tid, family, length, *, embed, env_root=False, gap=False, mid_sync=False,
-           protective=True, control=False, extra_hidden=True):
+           protective=True, control=False, extra_hidden=True, instances=1, vary=None):
     nodes = []
     for i in range(length):
         name = f"n{i + 1}"
-        asp = [Aspect("f", dep=(f"n{i}", "f") if i else None, env=env_root and i == 0),
+        asp = [Aspect("f", dep=(f"n{i}", "f") if i else None, env=env_root and i == 0,
+                      per_instance=vary == name),
                Aspect("g", easy=True)]
         if gap and i == 1:
             asp.append(Aspect("h"))          # checked by hidden cases only
@@ -251,11 +274,12 @@ def _chain(tid, family, length, *, embed, env_root=False, gap=False, mid_sync=Fa
                 checks.append(Check(f"{n.name}_h_hidden", n.name, "h", "hidden", "sync"))
     for n in nodes[:-1]:
         checks.append(Check(f"{n.name}_f_hidden", n.name, "f", "hidden", "sync"))
-    return Task(tid, family, tuple(nodes), tuple(checks), control=control, env_change=env_root)
+    return Task(tid, family, tuple(nodes), tuple(checks), control=control, env_change=env_root,
+                instances=instances)
 
 
 def _diamond(tid, *, embed, family="diamond", width=2, env_root=False, gap=False, control=False,
-             sink_sync=False):
+             sink_sync=False, instances=1):
     a = Node("a", (Aspect("f", env=env_root), Aspect("g", easy=True)), embed=embed)
     mids = [Node(f"b{i + 1}", (Aspect("f", dep=("a", "f")), Aspect("g", easy=True)) +
                  ((Aspect("h"),) if gap and i == 0 else ()), embed=embed) for i in range(width)]
@@ -274,7 +298,8 @@ def _diamond(tid, *, embed, family="diamond", width=2, env_root=False, gap=False
             checks.append(Check(f"{n.name}_f_hidden", n.name, "f", "hidden", "sync"))
         if any(x.name == "h" for x in n.aspects):
             checks.append(Check(f"{n.name}_h_hidden", n.name, "h", "hidden", "sync"))
-    return Task(tid, family, nodes, tuple(checks), control=control, env_change=env_root)
+    return Task(tid, family, nodes, tuple(checks), control=control, env_change=env_root,
+                instances=instances)
 
 
 @functools.lru_cache(maxsize=None)
@@ -305,4 +330,11 @@ def tasks() -> tuple[Task, ...]:
         _diamond("diamond-2-gap", embed=True, gap=True),
         _diamond("diamond-2-sync", embed=False, sink_sync=True),
         _diamond("diamond-2-control", embed=True, control=True),
+        _chain("instances-3", "instances", 3, embed=True, instances=3),
+        _chain("instances-4-ref", "instances", 4, embed=False, instances=3),
+        _chain("instances-4-vary-root", "instances", 4, embed=True, instances=3, vary="n1"),
+        _chain("instances-4-ref-vary-last", "instances", 4, embed=False, instances=3,
+               vary="n4"),
+        _diamond("instances-diamond", embed=True, family="instances", instances=3),
+        _chain("instances-3-control", "instances", 3, embed=True, instances=3, control=True),
     )
