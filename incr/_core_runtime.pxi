@@ -254,11 +254,16 @@ cdef class Runtime:
         context_key, dependency_revisions, checks, status)."""
         check_usable(self)
         from incr import llmnodes as _llm
-        if (other_busy(self) and self.owner != PyThread_get_thread_ident()
-                and not (self.prefetch is not None and self.prefetch.is_worker())):
-            # another thread's pass (a generator or validator of that pass may read it)
-            raise IncrError(self._other_thread())
-        return _llm.state(self, node, args, kwargs)
+        if self.prefetch is not None and self.prefetch.is_worker():
+            # a generator or validator of this pass, running ahead: the pass waits for it
+            return _llm.state(self, node, args, kwargs)
+        # claimed like any other operation: another thread's rt.nack/rt.ack or pass must not
+        # change the node's ledger while it is read (IncrError while another thread has it)
+        enter(self)
+        try:
+            return _llm.state(self, node, args, kwargs)
+        finally:
+            leave(self)
 
     def nack(self, node, *args, revision, case, counterexample=None, message="", **kwargs):
         """Record a NACK for candidate ``revision`` of node(*args). For the current revision
