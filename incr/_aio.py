@@ -490,6 +490,7 @@ async def astabilize(rt):
                 return report
             except _Suspend as s:
                 works = s.works
+                early.extend(getattr(s, "log", None) or ())   # runs of the stopped pass
             finally:
                 rt.catching -= 1
             rt._report_into(early)

@@ -63,7 +63,8 @@ cdef object stabilize_pass(Runtime rt):
                 # pass stops here (nothing half-recorded) and rt.astabilize does the work
                 # of all of them concurrently, then passes again (incr._aio)
                 s = _Suspend(suspended)
-                suspended = None
+                s.log = log          # the runs this pass made before it stopped: they stand,
+                suspended = None     # and rt.astabilize reports them
                 raise s
             if rt.ahead_marked:
                 ahead = True
