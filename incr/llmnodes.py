@@ -967,8 +967,7 @@ class _Loop:
             st.pending = "generate"   # where a pass that sets this run aside resumes
             stop = self._over_budget()
             if stop:
-                self._fail(stop, detail=(_graph_figures(self.book) if stop == "graph"
-                                         else None))
+                self._fail(stop)
             cand = self._generate()
             fp = _fingerprint(cand)
             if fp in st.fingerprints:
@@ -1052,24 +1051,19 @@ class _Loop:
         if len(mine) <= score:
             st.base = best
             self._outcome(cur, "reverted")
-            if st.attempts and st.attempts[-1].revision == cur:
-                st.attempts[-1].note = (st.attempts[-1].note + "; " if st.attempts[-1].note
-                                        else "") + (f"regression: lost {_cases(lost_t)} that "
-                                                    f"revision {best} had; the next "
-                                                    f"generation starts from revision {best}")
+            self._note_attempt(f"regression: lost {_cases(lost_t)} that revision {best} had; "
+                               f"the next generation starts from revision {best}")
             _emit(self.book, events.Reverted(st.label, cur, best))
 
     def _note_attempt(self, text: str) -> None:
-        for a in reversed(self.st.attempts):
-            if a.revision == self.st.revision:
-                a.note = f"{a.note}; {text}" if a.note else text
-                return
+        a = _attempt_of(self.st, self.st.revision)
+        if a is not None:
+            a.note = f"{a.note}; {text}" if a.note else text
 
     def _outcome(self, rev: int, outcome: str) -> None:
-        for a in reversed(self.st.attempts):
-            if a.revision == rev:
-                a.outcome = outcome
-                return
+        a = _attempt_of(self.st, rev)
+        if a is not None:
+            a.outcome = outcome
 
     def _keep(self, save: bool) -> None:
         st = self.st
@@ -1146,8 +1140,8 @@ class _Loop:
         st.warned = set()
 
     def _over_budget(self) -> str | None:
-        """"budget" when the node's budget is used up, "graph" when the runtime's is; else
-        None (and a Warning event for a monitor past 80% of its limit, once per budget)."""
+        """"budget" when the node's budget is used up, else None (and a Warning event for a
+        monitor past 80% of its limit, the runtime-wide ones included, once per budget)."""
         st, b = self.st, self.node.budget
         used = (("attempts", st.spent_attempts, b.max_attempts),
                 ("seconds", time.monotonic() - st.started, b.max_seconds),
@@ -1158,24 +1152,28 @@ class _Loop:
                 continue
             if u >= limit:
                 return "budget"
-            if u >= 0.8 * limit and monitor not in st.warned:
-                st.warned.add(monitor)
-                _emit(self.book, events.Warning(st.label, monitor, u, limit))
-        book = self.book
-        if book.budget is not None:
-            # (the runtime-wide budget is claimed at each call, atomically: _graph_take;
-            # a call made ahead in a worker thread was claimed there already)
-            g = book.budget
+            self._warn_near(monitor, u, limit)
+        g = self.book.budget
+        if g is not None:
+            # (the runtime-wide budget only warns here: it is claimed at each call,
+            # atomically, by _graph_take -- a call made ahead was claimed in its worker)
+            book = self.book
             for monitor, u, limit in (
                     ("graph calls", book.calls,
                      None if g.max_attempts is _DEFAULT_ATTEMPTS else g.max_attempts),
                     ("graph seconds", book.seconds, g.max_seconds),
                     ("graph tokens", book.tokens, g.max_tokens),
                     ("graph cost", book.cost, g.max_cost)):
-                if limit is not None and u >= 0.8 * limit and monitor not in st.warned:
-                    st.warned.add(monitor)
-                    _emit(book, events.Warning(st.label, monitor, u, limit))
+                if limit is not None:
+                    self._warn_near(monitor, u, limit)
         return None
+
+    def _warn_near(self, monitor: str, used: float, limit: float) -> None:
+        """A Warning event once per budget for a monitor past 80% of its limit."""
+        st = self.st
+        if used >= 0.8 * limit and monitor not in st.warned:
+            st.warned.add(monitor)
+            _emit(self.book, events.Warning(st.label, monitor, used, limit))
 
     def _previous(self) -> Any:
         """What the next generation builds on: the best revision after a revert, else the
@@ -1515,10 +1513,9 @@ class _Loop:
         if not _ledger_add(st, key, v, regress):
             return False               # the same verdict again counts once
         _emit(self.book, events.Verdict(st.label, vid, st.revision, v))
-        for a in reversed(st.attempts):
-            if a.revision == st.revision:
-                a.verdicts.append((vid, v))
-                break
+        a = _attempt_of(st, st.revision)
+        if a is not None:
+            a.verdicts.append((vid, v))
         if isinstance(v, NACK):
             item = ("N", vid, v.case, _cex_key(v))
         elif isinstance(v, ACK):
@@ -1780,8 +1777,6 @@ class _Loop:
 
     def _fail(self, reason: str, repeated: int | None = None, detail: str | None = None) -> None:
         st, node = self.st, self.node
-        if reason == "graph":
-            reason, detail = "budget", detail or _graph_figures(self.book)
         if st.attempts and st.attempts[-1].revision and not st.attempts[-1].outcome:
             st.attempts[-1].outcome = f"stopped: {reason}"
         best = _best(st)
@@ -1824,6 +1819,14 @@ class _Loop:
             raise _Escalated(self._stable())
         # rejected: stop with the reason the loop had (on_failure is asked once per budget)
         self._fail(exc.reason)
+
+
+def _attempt_of(st: _Node, rev: int) -> _Attempt | None:
+    """The (latest) attempt that made revision ``rev``, or None."""
+    for a in reversed(st.attempts):
+        if a.revision == rev:
+            return a
+    return None
 
 
 class _Ticket:
@@ -2039,14 +2042,19 @@ def state(rt, node, args, kwargs) -> NodeState:
     status = st.status
     if status == "stable" and rt._stale(inst, True):
         status = "invalid"       # something it read was withdrawn or changed: until it re-runs
-    elif status == "stable" and not any(k[3] == st.revision and v.kind == "ACK"
-                                        for k, v in checks.items()):
+    elif status == "stable" and not _acked_now(st):
         # accepted with no ACK at all (no validators, or a policy that requires none and
         # validators that said UNKNOWN or nothing): accepted, not validated
         status = "unvalidated"
     return NodeState(candidate=st.candidate, revision=st.revision, context_key=key,
                      dependency_revisions=revs, checks=checks, status=status,
                      attempts=[_attempt_info(st, a) for a in st.attempts])
+
+
+def _acked_now(st: _Node) -> bool:
+    """Has the current revision at least one ACK? (Accepted with none: "unvalidated".)"""
+    return any(k[3] == st.revision and any(v.kind == "ACK" for v in vs)
+               for k, (vs, _d) in st.ledger.items())
 
 
 def _attempt_info(st: _Node, a: _Attempt) -> dict:
@@ -2349,8 +2357,7 @@ def _save(rt, inst, st: _Node, reads) -> None:
                       float(a.seconds), a.note, a.rationale, a.hypothesis, _enc(a.patch),
                       list(a.expect), a.outcome] for a in st.attempts[-100:]],
         "regression_src": list(st.regression_src),
-        "unvalidated": not any(k[3] == st.revision and any(v.kind == "ACK" for v in vs)
-                               for k, (vs, _d) in st.ledger.items()),
+        "unvalidated": not _acked_now(st),
         "control": [st.base, st.below, st.withdrawals, st.damped, st.escalated],
         "fingerprints": [[k, r] for k, r in st.fingerprints.items()],
         "withdrawn": sorted(st.withdrawn),
@@ -2360,11 +2367,36 @@ def _save(rt, inst, st: _Node, reads) -> None:
         "failed": None if f is None else [f.reason, f.report, best, f.attempts],
         "refs": refs,
     }
+    rt._store_put_node(ikey, _pack_record(payload))
+
+
+def _pack_record(payload: dict) -> bytes:
+    """A kind-2 record of the ``nodes`` database: header, checksum, msgpack map."""
     from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC
     import msgpack
     body = msgpack.packb(payload, use_bin_type=True)
-    rt._store_put_node(ikey, HEADER.pack(MAGIC, FORMAT, KIND_NODE, len(body),
-                                         _keys.checksum(body)) + body)
+    return HEADER.pack(MAGIC, FORMAT, KIND_NODE, len(body), _keys.checksum(body)) + body
+
+
+def _unpack_record(data: bytes) -> dict:
+    """The map of a kind-2 record, everything checked first (ValueError otherwise)."""
+    from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC, MAX_RECORD
+    import msgpack
+    if len(data) < HEADER.size:
+        raise ValueError("shorter than a header")
+    magic, fmt, kind, length, crc = HEADER.unpack_from(data)
+    if magic != MAGIC or fmt != FORMAT or kind != KIND_NODE:
+        raise ValueError("not an incr node record of this format")
+    if length > MAX_RECORD or length != len(data) - HEADER.size:
+        raise ValueError("length field does not match")
+    body = data[HEADER.size:]
+    if _keys.checksum(body) != crc:
+        raise ValueError("checksum mismatch")
+    p = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
+                        ext_hook=_no_ext)
+    if type(p) is not dict:
+        raise ValueError("payload is not a map")
+    return p
 
 
 def _load(rt, inst) -> _Node | None:
@@ -2385,22 +2417,7 @@ def _load(rt, inst) -> _Node | None:
 
 
 def _unpack_node(data: bytes, label: str) -> _Node:
-    from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC, MAX_RECORD
-    import msgpack
-    if len(data) < HEADER.size:
-        raise ValueError("shorter than a header")
-    magic, fmt, kind, length, crc = HEADER.unpack_from(data)
-    if magic != MAGIC or fmt != FORMAT or kind != KIND_NODE:
-        raise ValueError("not an incr node record of this format")
-    if length > MAX_RECORD or length != len(data) - HEADER.size:
-        raise ValueError("length field does not match")
-    body = data[HEADER.size:]
-    if _keys.checksum(body) != crc:
-        raise ValueError("checksum mismatch")
-    p = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
-                        ext_hook=_no_ext)
-    if type(p) is not dict:
-        raise ValueError("payload is not a map")
+    p = _unpack_record(data)
     st = _Node(label=label)
     st.revision = int(p["revision"])
     st.status = p["status"]
@@ -2510,12 +2527,8 @@ def _audit(rt, node) -> None:
             if a != b:
                 log.append([vid, a, b, time.time()])
                 _emit(_book(rt), events.ValidatorChanged(node.name, vid, a, b))
-    import msgpack
-    from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC
-    body = msgpack.packb({"audit": node.name, "label": f"audit:{node.name}",
-                          "validators": now, "log": log[-200:]}, use_bin_type=True)
-    rt._store_put_node(key, HEADER.pack(MAGIC, FORMAT, KIND_NODE, len(body),
-                                        _keys.checksum(body)) + body)
+    rt._store_put_node(key, _pack_record({"audit": node.name, "label": f"audit:{node.name}",
+                                          "validators": now, "log": log[-200:]}))
 
 
 def _read_audit(data: bytes | None) -> dict | None:
@@ -2523,14 +2536,7 @@ def _read_audit(data: bytes | None) -> dict | None:
     if data is None:
         return None
     try:
-        import msgpack
-        from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC
-        magic, fmt, kind, length, crc = HEADER.unpack_from(data)
-        body = data[HEADER.size:]
-        if (magic, fmt, kind) != (MAGIC, FORMAT, KIND_NODE) or length != len(body) or \
-                _keys.checksum(body) != crc:
-            return None
-        p = msgpack.unpackb(body, raw=False, strict_map_key=True, ext_hook=_no_ext)
+        p = _unpack_record(data)
         vals, log = p["validators"], p["log"]
         if type(vals) is not dict or type(log) is not list or not all(
                 type(k) is str and type(v) is str for k, v in vals.items()):
