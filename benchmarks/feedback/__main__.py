@@ -154,15 +154,18 @@ def equal_spend(rows, unit, caps, points, reps, ref="incr", rng_seed=0):
     def ci(xs):
         return [q(xs, 0.025), q(xs, 0.975)] if xs else None
 
-    out = {"unit": unit, "caps": caps, "points": points, "arms": {}}
+    out = {"unit": unit, "caps": caps, "points": points, "arms": {},
+           "method": f"95% percentile bootstrap over seeds ({len(curves_b[arms[0]])} resamples "
+                     f"of {len(seeds)} seeds; curve cells and interpolated points recomputed "
+                     f"per resample; differences paired on the same resample)"}
     for a in arms:
-        band = []
-        for i in range(len(caps)):
-            ys = [c[i][1] for c in curves_b[a]]
-            band.append(ci(ys))
+        band = [[ci([c[i][j] for c in curves_b[a]]) for j in range(3)]
+                for i in range(len(caps))]
         out["arms"][a] = {
             "curve": [{"cap": m, "spend": p[0], "success": p[1], "wrong_accepted": p[2],
-                       "success_ci": band[i]} for i, (m, p) in enumerate(zip(caps, est[a]))],
+                       "spend_ci": band[i][0], "success_ci": band[i][1],
+                       "wrong_accepted_ci": band[i][2]}
+                      for i, (m, p) in enumerate(zip(caps, est[a]))],
             "at": {str(x): {"success": interpolate(est[a], x), "ci": ci(boot[a][x]),
                             f"{ref}_minus_arm": (interpolate(est[ref], x) - interpolate(est[a], x)
                                                  if ref in est and interpolate(est[a], x) is not None
@@ -177,7 +180,7 @@ def equal_spend(rows, unit, caps, points, reps, ref="incr", rng_seed=0):
 RUN_METRICS = ("success", "wrong_accepted", "escalated", "calls", "tokens", "cost", "latency_s",
                "checks_run", "rounds", "climbs", "kept", "broken_first", "protective_broken",
                "cache_hits", "reused", "reused_accepted", "reuse_unbacked", "reverts",
-               "regressions", "flips")
+               "regressions", "rebased", "engine_rebased", "flips")
 MAX_K = 6          # per-attempt tables pool attempt indices >= MAX_K
 
 
@@ -215,45 +218,161 @@ def summarize_runs(rows, arm_names, reps):
         m["reasons"] = dict(Counter(r["reason"] for r in rs if r["reason"]))
         m["runs"] = len(rs)
         m["harness_capped"] = sum(r["capped"] for r in rs)
-        m["per_round"] = per_round(rs)
+        m["per_round"] = per_round(rs, reps)
         out[arm] = m
     return out
 
 
-def per_round(rs):
-    """Per attempt index (a node instance's k-th model call after its first; pooled from
-    MAX_K): fix rate among those wrong before it, break rate among those right before it
-    (and among those whose first answer was right); for incr arms the outcome the loop
-    recorded for its attempt k (k retries after its first, a reused first attempt included:
-    k = revision - 1, so it lines up with the model call it came from); per loop round the
-    runs that reached it and the runs that ended there escalated."""
-    pa: dict = defaultdict(lambda: [0] * 6)
-    oc: dict = defaultdict(Counter)
+OUTCOMES = ("accepted", "rejected", "reverted", "stopped", "interrupted")
+
+
+def _per_round_counts(rs, top):
+    """The counts behind the per-round rates, summed over rs: a flat dict of integers."""
+    c: Counter = Counter()
     for r in rs:
         for k, *v in r["per_attempt"]:
-            row = pa[min(k, MAX_K)]
-            for i, x in enumerate(v):
-                row[i] += x
-        for k, c in r["outcomes_by_attempt"].items():
-            oc[min(int(k), MAX_K)].update(c)
+            kk = min(k, MAX_K)
+            for name, x in zip(("wb", "fx", "rb", "br", "fr", "fb"), v):
+                c[(name, kk)] += x
+        for k, oc in r["outcomes_by_attempt"].items():
+            kk = min(int(k), MAX_K)
+            for o, x in oc.items():
+                c[(o, kk)] += x
+                c[("n", kk)] += x
+        for rnd in range(1, min(r["rounds"], top) + 1):
+            c[("reached", rnd)] += 1
+        if r["escalated"] and 1 <= r["rounds"] <= top:
+            c[("ended", r["rounds"])] += 1
+    return c
+
+
+def _per_round_rates(c, top):
+    """name -> value of every per-round rate, from the counts (None where undefined)."""
     rate = (lambda a, b: None if not b else a / b)
-    attempts = {str(k): {"wrong_before": v[0], "fix_rate": rate(v[1], v[0]),
-                         "right_before": v[2], "break_rate": rate(v[3], v[2]),
-                         "first_right_before": v[4], "first_right_break_rate": rate(v[5], v[4])}
-                for k, v in sorted(pa.items())}
-    outcomes = {}
-    for k, c in sorted(oc.items()):
-        n = sum(c.values())
-        outcomes[str(k)] = {"n": n, **{o: c[o] / n for o in ("accepted", "rejected", "reverted",
-                                                             "stopped", "interrupted")}}
+    out = {}
+    for k in range(1, MAX_K + 1):
+        wb, fx, rb, br = c[("wb", k)], c[("fx", k)], c[("rb", k)], c[("br", k)]
+        out[("fix_rate", k)] = rate(fx, wb)
+        out[("break_rate", k)] = rate(br, rb)
+        out[("first_right_break_rate", k)] = rate(c[("fb", k)], c[("fr", k)])
+        out[("gain_rate", k)] = rate(fx - br, wb + rb)
+    for k in range(0, MAX_K + 1):
+        for o in OUTCOMES:
+            out[(o, k)] = rate(c[(o, k)], c[("n", k)])
+    for rnd in range(1, top + 1):
+        out[("escalation", rnd)] = rate(c[("ended", rnd)], c[("reached", rnd)])
+    return out
+
+
+def per_round(rs, reps=0, rng_seed=0):
+    """Per attempt index (a node instance's k-th model call after its first; pooled from
+    MAX_K): fix rate among those wrong before it, break rate among those right before it
+    (and among those whose first answer was right), gain rate = (fixed - broken) / retries
+    (the net share of retries at k that made a node's own answer right); for incr arms the
+    outcome the loop recorded for its attempt k (k retries after its first, a reused first
+    attempt included: k = revision - 1, so it lines up with the model call it came from);
+    per loop round the runs that reached it and the runs that ended there escalated.
+
+    Every rate has a 95% bootstrap interval over seeds (``*_ci``): seeds drawn with
+    replacement (``reps`` times), the counts of the drawn seeds' runs pooled and the rate
+    recomputed (a ratio of sums, as the point estimate); percentile interval, resamples where
+    the rate is undefined (no attempt at that index) left out. None without two seeds."""
     top = max((r["rounds"] for r in rs), default=0)
+    by_seed: dict = defaultdict(list)
+    for r in rs:
+        by_seed[r["seed"]].append(r)
+    seeds = sorted(by_seed)
+    counts = {sd: _per_round_counts(by_seed[sd], top) for sd in seeds}
+    total = _per_round_counts(rs, top)
+    est = _per_round_rates(total, top)
+    boot: dict = defaultdict(list)
+    rng = random.Random(rng_seed)
+    for _ in range(reps if len(seeds) > 1 else 0):
+        c: Counter = Counter()
+        for sd in (rng.choice(seeds) for _ in seeds):
+            c.update(counts[sd])
+        for key, v in _per_round_rates(c, top).items():
+            if v is not None:
+                boot[key].append(v)
+
+    def ci(key):
+        xs = boot.get(key)
+        return [q(xs, 0.025), q(xs, 0.975)] if xs else None
+
+    attempts = {}
+    for k in range(1, MAX_K + 1):
+        if not (total[("wb", k)] or total[("rb", k)]):
+            continue
+        a = {"wrong_before": total[("wb", k)], "right_before": total[("rb", k)],
+             "first_right_before": total[("fr", k)]}
+        for name in ("fix_rate", "break_rate", "first_right_break_rate", "gain_rate"):
+            a[name] = est[(name, k)]
+            a[name[:-5] + "_ci"] = ci((name, k))
+        attempts[str(k)] = a
+    outcomes = {}
+    for k in range(0, MAX_K + 1):
+        if not total[("n", k)]:
+            continue
+        o = {"n": total[("n", k)]}
+        for name in OUTCOMES:
+            o[name] = est[(name, k)]
+            o[name + "_ci"] = ci((name, k))
+        outcomes[str(k)] = o
     esc = {}
     for rnd in range(1, top + 1):
-        reached = sum(1 for r in rs if r["rounds"] >= rnd)
-        ended = sum(1 for r in rs if r["rounds"] == rnd and r["escalated"])
-        esc[str(rnd)] = {"reached": reached, "escalated_here": ended,
-                         "rate": rate(ended, reached)}
-    return {"attempts": attempts, "outcomes": outcomes, "escalation_by_round": esc}
+        esc[str(rnd)] = {"reached": total[("reached", rnd)],
+                         "escalated_here": total[("ended", rnd)],
+                         "rate": est[("escalation", rnd)], "ci": ci(("escalation", rnd))}
+    return {"method": f"95% percentile bootstrap over seeds ({reps if len(seeds) > 1 else 0} "
+                      f"resamples of {len(seeds)} seeds; each rate a ratio of pooled counts)",
+            "attempts": attempts, "outcomes": outcomes, "escalation_by_round": esc}
+
+
+KOR_METRICS = ("success", "wrong_accepted", "escalated", "cost", "calls", "broken_first")
+
+
+def keep_or_revert(rows, reps, on="incr", off="incr_norevert", rng_seed=2):
+    """The value of keep-or-revert: ``on`` - ``off``, paired by (seed, task), uncapped, with a
+    95% bootstrap CI over seeds; and the same restricted to the runs where it acted (``on``
+    built a retry on an earlier revision than the latest; elsewhere the two arms run the same
+    calls, so every difference comes from those runs)."""
+    a = {(r["seed"], r["task"]): r for r in rows if r["arm"] == on}
+    b = {(r["seed"], r["task"]): r for r in rows if r["arm"] == off}
+    keys = sorted(set(a) & set(b))
+    if not keys:
+        return None
+    seeds = sorted({k[0] for k in keys})
+    acted = [k for k in keys if a[k]["rebased"]]
+
+    def val(r, m):
+        return r[m] / r["unit"] if m == "cost" else float(r[m])
+
+    def diff(ks, rng):
+        by: dict = defaultdict(list)
+        for k in ks:
+            by[k[0]].append(k)
+        out = {}
+        for m in KOR_METRICS:
+            d = lambda kk: sum(val(a[k], m) - val(b[k], m) for k in kk)
+            est = d(ks) / len(ks) if ks else None
+            sums = {sd: (d(by[sd]), len(by[sd])) for sd in seeds}
+            bs = []
+            for _ in range(reps if len(seeds) > 1 and ks else 0):
+                pick = [sums[rng.choice(seeds)] for _ in seeds]
+                n = sum(p[1] for p in pick)
+                if n:
+                    bs.append(sum(p[0] for p in pick) / n)
+            out[m] = {"on": sum(val(a[k], m) for k in ks) / len(ks) if ks else None,
+                      "off": sum(val(b[k], m) for k in ks) / len(ks) if ks else None,
+                      "diff": est, "ci": [q(bs, 0.025), q(bs, 0.975)] if bs else None}
+        return out
+
+    same = sum(1 for k in keys if not a[k]["rebased"] and a[k]["log"] == b[k]["log"]
+               and a[k]["success"] == b[k]["success"])
+    rng = random.Random(rng_seed)
+    return {"on": on, "off": off, "runs": len(keys), "acted": len(acted),
+            "identical_where_not_acted": same, "not_acted": len(keys) - len(acted),
+            "all": diff(keys, rng), "where_acted": diff(acted, rng)}
 
 
 def flaky(cfg, arm_names, seeds, clean_rows, reps):
@@ -327,14 +446,17 @@ def print_all(res, w=None):
     w("success vs spend (cost, in units of one base-model first call per node; mean per task, "
       "success = accepted AND passes hidden checks)\n")
     caps = eq["caps"]
-    w(f"{'arm':<9} " + " ".join(f"{'cap ' + str(m):>15}" for m in caps) + "\n")
+    w("(each cell: success [95% bootstrap CI over seeds] @ mean spend)\n")
+    w(f"{'arm':<13} " + " ".join(f"{'cap ' + str(m):>24}" for m in caps) + "\n")
     for arm, d in eq["arms"].items():
-        w(f"{arm:<9} " + " ".join(f"{p['success']:.2f} @{p['spend']:5.2f}  " for p in d["curve"])
-          + "\n")
+        w(f"{arm:<13} " + " ".join(
+            f"{p['success']:.2f} [{(p['success_ci'] or [p['success']] * 2)[0]:.2f},"
+            f"{(p['success_ci'] or [p['success']] * 2)[1]:.2f}] @{p['spend']:5.2f}"
+            for p in d["curve"]) + "\n")
     for unit in UNITS:
         e = res["equal_spend"][unit]
         w(f"\nat equal mean spend ({unit}; 95% bootstrap CI over seeds; incr - arm, paired)\n")
-        w(f"{'arm':<9} " + " ".join(f"{'spend ' + str(x):>34}" for x in e["points"]) + "\n")
+        w(f"{'arm':<13} " + " ".join(f"{'spend ' + str(x):>34}" for x in e["points"]) + "\n")
         for arm, d in e["arms"].items():
             cells = []
             for x in e["points"]:
@@ -348,14 +470,14 @@ def print_all(res, w=None):
                 cells.append(f"{a['success']:.2f} [{ci[0]:.2f},{ci[1]:.2f}] "
                              + (f"d {dd:+.2f} [{dc[0]:+.2f},{dc[1]:+.2f}]" if dd is not None and dc
                                 else " " * 20))
-            w(f"{arm:<9} " + " ".join(f"{c:>34}" for c in cells) + "\n")
+            w(f"{arm:<13} " + " ".join(f"{c:>34}" for c in cells) + "\n")
     runs = res["runs"]
     w(f"\nrun-level, uncapped except by the harness (mean per task [95% CI]); cost in units\n")
-    w(f"{'arm':<9} {'success':<17} {'wrong accepted':<17} {'escalated':<9} {'calls':<6} "
+    w(f"{'arm':<13} {'success':<17} {'wrong accepted':<17} {'escalated':<9} {'calls':<6} "
       f"{'cost':<6} {'checks':<6} {'rounds':<6} {'climbs':<6} {'kept':<5} {'broken1st':<9} "
       f"{'protect':<7} {'ctrl lost':<10} reasons\n")
     for arm, m in runs.items():
-        w(f"{arm:<9} {fci(m['success']):<17} {fci(m['wrong_accepted']):<17} "
+        w(f"{arm:<13} {fci(m['success']):<17} {fci(m['wrong_accepted']):<17} "
           f"{m['escalated']['mean']:<9.2f} {m['calls']['mean']:<6.1f} {m['cost']['mean']:<6.2f} "
           f"{m['checks_run']['mean']:<6.1f} {m['rounds']['mean']:<6.2f} "
           f"{m['climbs']['mean']:<6.2f} {m['kept']['mean']:<5.2f} "
@@ -365,41 +487,67 @@ def print_all(res, w=None):
       "attempts via rt.state)\n")
     for arm, m in runs.items():
         if arm in A.INCR_ARMS:
-            w(f"{arm:<11} reused {m['reused']['mean']:.2f}  reused+accepted (calls avoided) "
+            w(f"{arm:<13} reused {m['reused']['mean']:.2f}  reused+accepted (calls avoided) "
               f"{m['reused_accepted']['mean']:.2f}  accepted without an ACK "
               f"{m['reuse_unbacked']['mean']:.3f}  regressions {m['regressions']['mean']:.2f}  "
-              f"reverts {m['reverts']['mean']:.2f}\n")
+              f"reverts {m['reverts']['mean']:.2f}  retries built on an earlier revision "
+              f"{m['rebased']['mean']:.2f} (the engine handed one: "
+              f"{m['engine_rebased']['mean']:.2f})\n")
+    pr0 = next(iter(runs.values()))["per_round"]
     w("\nper attempt index k (a node instance's k-th model call after its first; k=6 pools "
       "6+): fix = wrong->right, brk = right->wrong, brk1 = right->wrong where the first answer "
-      "was right; incr arms: share of attempts k (revision k+1) reverted / stopped on\n")
+      "was right, gain = (fixed - broken) / retries; incr arms: share of attempts k (revision "
+      f"k+1) reverted / stopped on. [{pr0.get('method', '')}]\n")
+    w(f"{'arm':<13} {'k':>2} {'n':>6}  {'fix':<17} {'brk':<17} {'brk1':<17} {'gain':<18} "
+      f"{'rv':<17} {'st':<17}\n")
+
+    def fc(v, c, sign=False):
+        if v is None:
+            return "  -"
+        fmt = "{:+.2f}" if sign else "{:.2f}"
+        return (fmt.format(v) + (f" [{fmt.format(c[0])},{fmt.format(c[1])}]" if c else ""))
+
     for arm, m in runs.items():
         pr = m["per_round"]
-        if not pr["attempts"] and not pr["outcomes"]:
+        if not pr["attempts"]:
             continue
-        cells = []
         for k in range(1, MAX_K + 1):
             a = pr["attempts"].get(str(k))
-            o = pr["outcomes"].get(str(k))
-            c = (f"fix {f3(a['fix_rate'])} brk {f3(a['break_rate'])} brk1 "
-                 f"{f3(a['first_right_break_rate'])}" if a else "-")
-            if o and arm in A.INCR_ARMS:
-                c += f" rv {o['reverted']:.2f} st {o['stopped']:.2f}"
-            cells.append(f"k={k}: {c}")
-        w(f"{arm:<11} " + " | ".join(cells) + "\n")
-    w("\nescalation by loop round (runs ending not accepted at round r / runs reaching r)\n")
+            if not a:
+                continue
+            o = pr["outcomes"].get(str(k)) if arm in A.INCR_ARMS else None
+            w(f"{arm if k == 1 else '':<13} {k:>2} {a['wrong_before'] + a['right_before']:>6}  "
+              f"{fc(a['fix_rate'], a['fix_ci']):<17} {fc(a['break_rate'], a['break_ci']):<17} "
+              f"{fc(a['first_right_break_rate'], a['first_right_break_ci']):<17} "
+              f"{fc(a['gain_rate'], a['gain_ci'], True):<18} "
+              f"{fc(o['reverted'], o['reverted_ci']) if o else '':<17} "
+              f"{fc(o['stopped'], o['stopped_ci']) if o else '':<17}\n")
+    w("\nescalation by loop round (runs ending not accepted at round r / runs reaching r; "
+      "95% CI over seeds; rounds reached by >= 20 runs)\n")
     for arm, m in runs.items():
         e = m["per_round"]["escalation_by_round"]
-        w(f"{arm:<11} " + " ".join(f"r{r}:{f3(v['rate'])}" for r, v in e.items() if v["reached"])
-          + "\n")
+        w(f"{arm:<13} " + " ".join(f"r{r}:{fc(v['rate'], v['ci'])}" for r, v in e.items()
+                                   if v["reached"] >= 20) + "\n")
     fams = list(next(iter(runs.values()))["families"])
-    w("\nsuccess per family (uncapped)\n" + f"{'arm':<9} " + " ".join(f"{f:>18}" for f in fams) + "\n")
+    w("\nsuccess per family (uncapped)\n" + f"{'arm':<13} " + " ".join(f"{f:>18}" for f in fams) + "\n")
     for arm, m in runs.items():
-        w(f"{arm:<9} " + " ".join(f"{fci(m['families'][f]):>18}" for f in fams) + "\n")
+        w(f"{arm:<13} " + " ".join(f"{fci(m['families'][f]):>18}" for f in fams) + "\n")
+    kor = res.get("keep_or_revert")
+    if kor:
+        w(f"\nkeep-or-revert: {kor['on']} - {kor['off']}, paired by (seed, task), uncapped, 95% "
+          f"CI over seeds; it acted (a retry built on an earlier revision) in {kor['acted']} of "
+          f"{kor['runs']} runs; the other {kor['not_acted']} ran the same calls in both arms "
+          f"({kor['identical_where_not_acted']} identical)\n")
+        for part in ("all", "where_acted"):
+            w(f"  {part:<12} " + "  ".join(
+                f"{m} {d['on']:.3f} vs {d['off']:.3f} d {d['diff']:+.3f}"
+                + (f" [{d['ci'][0]:+.3f},{d['ci'][1]:+.3f}]" if d["ci"] else "")
+                for m, d in kor[part].items() if d["diff"] is not None) + "\n")
     if res.get("walltime"):
         w(f"\nmeasured wall time (real threads; sleeps of {res['config']['harness']['walltime_scale']}"
           f" s per simulated s; {res['walltime_seeds']} seeds)\n")
         for arm, d in res["walltime"].items():
-            w(f"{arm:<9} wall {d['wall_s_per_task'] * 1000:7.1f} ms/task   serial sum of sleeps "
+            w(f"{arm:<13} wall {d['wall_s_per_task'] * 1000:7.1f} ms/task   serial sum of sleeps "
               f"{d['simulated_serial_latency_s_per_task'] * 1000:7.1f} ms/task   success "
               f"{d['success']:.2f}\n")
     if res.get("flaky"):
@@ -408,7 +556,7 @@ def print_all(res, w=None):
           f"{fl['seeds'][0]}-{fl['seeds'][1]}; paired with the clean run on the same seeds)\n")
         for arm, d in fl["arms"].items():
             ci = d["diff_ci"] or [d["clean_minus_flaky"]] * 2
-            w(f"{arm:<11} success {fci(d['success'])} (clean {d['clean_success']['mean']:.2f}; "
+            w(f"{arm:<13} success {fci(d['success'])} (clean {d['clean_success']['mean']:.2f}; "
               f"clean-flaky {d['clean_minus_flaky']:+.2f} [{ci[0]:+.2f},{ci[1]:+.2f}])  wrong "
               f"accepted {d['wrong_accepted']['mean']:.2f} (clean {d['clean_wrong_accepted']:.2f})"
               f"  escalated {d['escalated']:.2f}  cost {d['cost']:.2f}  flips {d['flips']:.1f}  "
@@ -459,6 +607,9 @@ def main(argv=None) -> int:
                         for u in UNITS},
         "runs": summarize_runs(rows, arm_names, reps),
     }
+    kor = keep_or_revert(rows, reps)
+    if kor:
+        res["keep_or_revert"] = kor
     if not a.quick:
         ws = list(range(h["walltime_seeds"]))
         res["walltime_seeds"] = len(ws)

@@ -30,10 +30,17 @@ checked node after the top); a case that passes resets it.
   instances, a node's new instance first re-validates the accepted candidate of the previous
   instance under its own validators, accepted only on that evidence; if it fails, the
   generator starts from it with the NACKs. On single-instance tasks it is ``incr``.
+- ``incr_norevert``: ``incr`` without keep-or-revert. The engine has no switch for it: after
+  a regression it hands the generator the best revision as ``previous`` (``st.base``); this
+  arm's generator builds on the node instance's latest candidate instead, which is what the
+  engine hands it in every other case. The engine still records the revision as "reverted"
+  and emits ``Reverted`` (it decided to); nothing else differs (feedback, monitors, budget).
+  ``ctx.previous_log`` records, per call, what the engine handed and what was used.
 - ``strong``: the ``resample`` loop with the stronger, dearer model.
 
-Every incr arm runs with the loop control of the engine's defaults (keep-or-revert on) and
-the pre-registered ``[incr] patience`` (divergence monitor). Multi-instance tasks run their
+Every incr arm but ``incr_norevert`` runs with the loop control of the engine's defaults
+(keep-or-revert on), and every one with the pre-registered ``[incr] patience`` (divergence
+monitor). Multi-instance tasks run their
 instances in turn on one meter; every arm runs each instance's loop in full.
 
 Flaky validators (``[validator] p_flaky``): every visible check evaluation gives the wrong
@@ -54,10 +61,10 @@ from benchmarks.feedback.sim import SimModel, prompt_for
 from benchmarks.feedback.tasks import (Task, blame_path, cause, check_passes, env_of, fresh,
                                        parse, path, right_value)
 
-ARMS = ("single", "resample", "whole", "cache", "recheck", "incr", "incr_reuse", "incr_par",
-        "strong")
-FEEDBACK_ARMS = ("whole", "cache", "recheck", "incr", "incr_reuse", "incr_par")
-INCR_ARMS = ("incr", "incr_reuse", "incr_par")
+ARMS = ("single", "resample", "whole", "cache", "recheck", "incr", "incr_norevert",
+        "incr_reuse", "incr_par", "strong")
+FEEDBACK_ARMS = ("whole", "cache", "recheck", "incr", "incr_norevert", "incr_reuse", "incr_par")
+INCR_ARMS = ("incr", "incr_norevert", "incr_reuse", "incr_par")
 
 
 class BudgetSpent(Exception):
@@ -109,6 +116,9 @@ class Ctx:
         self.flips = 0               # visible check verdicts a flaky validator got wrong
         self.flaky_n: dict = defaultdict(int)
         self.attempts: list = []     # incr arms: (node, instance, index, outcome, reused)
+        # incr arms, per retry: (node, instance, previous the engine handed, previous used,
+        # the node instance's latest candidate)
+        self.previous_log: list = []
         self.events: dict = {}       # incr arms: event type -> count (rt.on_event)
         self.reused = self.reused_accepted = self.reuse_unbacked = 0
         self.calls = self.tokens = 0
@@ -350,7 +360,7 @@ def _ancestors(task: Task, name: str) -> list:
     return [n.name for n in task.nodes if n.name in out]
 
 
-def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False) -> dict:
+def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = True) -> dict:
     task = ctx.task
     rt = incr.Runtime(max_workers=workers)
     env_in = rt.input("env", 1)
@@ -425,6 +435,11 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False) -> dict:
             current = {r: nodes[r](key) for r in spec.reads}
             if ctx.phase1 and ctx.k[(spec.name, ctx.inst)] >= 1:
                 raise RoundOver(spec.name)
+            if previous is not None:
+                latest = ctx.cur.get(spec.name, previous)
+                used = previous if revert else latest
+                ctx.previous_log.append((spec.name, ctx.inst, previous, used, latest))
+                previous = used
             c = ctx.call(spec.name, previous, feedback, current)
             return incr.Candidate(c.candidate, tokens=c.tokens, cost=c.cost)
 
@@ -610,6 +625,10 @@ def score(ctx: Ctx, out: dict) -> dict:
         "reused": ctx.reused, "reused_accepted": ctx.reused_accepted,
         "reuse_unbacked": ctx.reuse_unbacked,
         "reverts": ctx.events.get("Reverted", 0), "regressions": ctx.events.get("Regression", 0),
+        # retries that built on an earlier revision than the node instance's latest (after a
+        # revert; 0 in incr_norevert by construction), and those where the engine handed one
+        "rebased": sum(1 for x in ctx.previous_log if x[3] != x[4]),
+        "engine_rebased": sum(1 for x in ctx.previous_log if x[2] != x[4]),
         "events": ctx.events,
         "outcomes_by_attempt": {str(k): dict(v) for k, v in sorted(outcomes.items())},
         "per_attempt": per_attempt(ctx),
@@ -620,12 +639,16 @@ def score(ctx: Ctx, out: dict) -> dict:
     }
 
 
+def execute(ctx: Ctx) -> dict:
+    """Run ctx's arm on its task (not scored)."""
+    arm = ctx.arm
+    if arm in ("incr", "incr_reuse", "incr_norevert"):
+        return run_incr(ctx, 1, reuse=arm == "incr_reuse", revert=arm != "incr_norevert")
+    if arm == "incr_par":
+        return run_incr(ctx, 4)
+    return run_plain(ctx)
+
+
 def run(arm: str, task: Task, cfg: dict, seed: int, cap_multiple=None, sleep_scale=0.0) -> dict:
     ctx = Ctx(arm, task, cfg, seed, cap_multiple, sleep_scale)
-    if arm in ("incr", "incr_reuse"):
-        out = run_incr(ctx, 1, reuse=arm == "incr_reuse")
-    elif arm == "incr_par":
-        out = run_incr(ctx, 4)
-    else:
-        out = run_plain(ctx)
-    return score(ctx, out)
+    return score(ctx, execute(ctx))

@@ -7,7 +7,7 @@ from html import escape
 
 COLORS = {"single": "#888888", "resample": "#d98c1f", "whole": "#c23b3b", "cache": "#3b6fc2",
           "recheck": "#8e44ad", "incr": "#2a9d55", "incr_reuse": "#136f3a",
-          "incr_par": "#7fd19b", "strong": "#222222"}
+          "incr_par": "#7fd19b", "incr_norevert": "#b5a21c", "strong": "#222222"}
 TITLES = {"cost": "mean cost (units: one base first call per node)",
           "calls": "mean model calls (per node)", "tokens": "mean tokens (units)"}
 
