@@ -29,10 +29,7 @@ def _other_hidden(t):
 
 def _trajectory(arm, t, seed, cfg=CFG):
     ctx = A.Ctx(arm, t, cfg, seed)
-    if arm in ("incr", "incr_reuse"):
-        A.run_incr(ctx, 1, reuse=arm == "incr_reuse")
-    else:
-        A.run_plain(ctx)
+    A.execute(ctx)
     return ([(x[0], x[1], x[4]) for x in ctx.log], {i: dict(c) for i, c in ctx.curs.items()},
             ctx.calls, ctx.cost)
 
@@ -73,7 +70,7 @@ def test_asking_again_without_feedback_resamples():
 
 
 @pytest.mark.parametrize("arm", ["resample", "whole", "cache", "recheck", "incr", "incr_reuse",
-                                 "strong"])
+                                 "incr_norevert", "strong"])
 def test_equal_spend_curves_are_exact_truncations(arm):
     """What the curve says an arm does under cap m is what the arm does when really capped."""
     checked = 0
@@ -146,9 +143,10 @@ def test_outcomes_are_consistent_and_controls_start_right(rows):
 def test_first_answers_are_the_same_in_every_base_arm():
     t = tasks()[2]
     firsts = set()
-    for arm in ("single", "resample", "whole", "cache", "recheck", "incr", "incr_reuse"):
+    for arm in ("single", "resample", "whole", "cache", "recheck", "incr", "incr_reuse",
+                "incr_norevert"):
         ctx = A.Ctx(arm, t, CFG, 3)
-        A.run_incr(ctx, reuse=arm == "incr_reuse") if "incr" in arm else A.run_plain(ctx)
+        A.execute(ctx)
         firsts.add(tuple(sorted((n, A.parse(c)["own"].__repr__()) for n, c in ctx.first.items())))
     assert len(firsts) == 1
 
@@ -304,3 +302,220 @@ def test_the_incr_arms_use_the_preregistered_patience():
             reasons["tight:" + str(A.run("incr", t, tight, seed)["reason"])] += 1
             reasons["loose:" + str(A.run("incr", t, loose, seed)["reason"])] += 1
     assert reasons["tight:divergence"] > reasons["loose:divergence"] == 0
+
+
+# --- the incr arm without keep-or-revert ------------------------------------------------------
+
+
+def test_the_norevert_arm_builds_on_the_latest_candidate_and_incr_on_the_best():
+    """incr_norevert differs from incr in one thing only: after a regression the engine hands
+    the generator its best revision as ``previous``; incr builds on it, incr_norevert on the
+    node instance's latest candidate. Where the engine never does that the two arms make the
+    same calls."""
+    handed = differ = same = 0
+    for t in tasks()[::2]:
+        for seed in range(3):
+            on, off = A.Ctx("incr", t, CFG, seed), A.Ctx("incr_norevert", t, CFG, seed)
+            r_on, r_off = A.score(on, A.execute(on)), A.score(off, A.execute(off))
+            for node, inst, engine, used, latest in off.previous_log:
+                assert used == latest            # never the engine's older revision
+                handed += engine != latest
+            for node, inst, engine, used, latest in on.previous_log:
+                assert used == engine            # the engine's choice, as given
+            assert r_off["rebased"] == 0
+            assert r_off["engine_rebased"] == sum(1 for x in off.previous_log if x[2] != x[4])
+            assert r_on["rebased"] == r_on["engine_rebased"]
+            if r_on["rebased"] == 0:
+                # keep-or-revert never acted: the same loop, call for call
+                assert on.log == off.log
+                assert r_on["success"] == r_off["success"]
+                same += 1
+            else:
+                differ += on.log != off.log
+    # the engine did hand an older revision, and building on it changed trajectories
+    assert handed > 0 and differ > 0 and same > 0
+
+
+def test_keep_or_revert_summary_pairs_the_two_arms():
+    rows_ = bench.run_grid(CFG, [0, 1, 2], ["incr", "incr_norevert"], tasks()[::3])
+    k = bench.keep_or_revert(rows_, 50)
+    assert k["runs"] == 3 * len(tasks()[::3]) and 0 < k["acted"] < k["runs"]
+    assert k["identical_where_not_acted"] == k["not_acted"]
+    on = [r for r in rows_ if r["arm"] == "incr"]
+    off = [r for r in rows_ if r["arm"] == "incr_norevert"]
+    d = k["all"]["success"]
+    assert d["diff"] == pytest.approx((sum(r["success"] for r in on)
+                                       - sum(r["success"] for r in off)) / len(on))
+    # every difference comes from the runs where it acted
+    assert k["where_acted"]["success"]["diff"] * k["acted"] == pytest.approx(d["diff"] * k["runs"])
+    assert d["ci"][0] <= d["diff"] <= d["ci"][1]
+
+
+# --- confidence intervals on the per-round figures --------------------------------------------
+
+
+def test_per_round_rates_have_seed_bootstrap_intervals(rows):
+    rs = [r for r in rows if r["arm"] == "incr"]
+    pr = bench.per_round(rs, reps=200)
+    assert "bootstrap over seeds" in pr["method"]
+    for k, a in pr["attempts"].items():
+        for name in ("fix", "break", "first_right_break", "gain"):
+            v, ci = a[name + "_rate"], a[name + "_ci"]
+            if v is not None:
+                assert ci is not None and ci[0] <= ci[1]
+                assert ci[0] - 1e-9 <= v <= ci[1] + 1e-9 or k == str(bench.MAX_K), (k, name)
+    for k, o in pr["outcomes"].items():
+        assert o["reverted_ci"] is not None
+    # a seed drawn alone reproduces its own rates: the resampling unit is the seed
+    one = [r for r in rs if r["seed"] == 0]
+    solo = bench.per_round(one, reps=20)
+    assert all(v["fix_ci"] is None for v in solo["attempts"].values())   # one seed: no CI
+    pooled = bench.per_round(one + one, reps=0)
+    for k, a in solo["attempts"].items():
+        assert pooled["attempts"][k]["fix_rate"] == a["fix_rate"]
+
+
+def test_the_gain_rate_is_fixes_minus_breaks_over_retries(rows):
+    rs = [r for r in rows if r["arm"] == "recheck"]
+    pr = bench.per_round(rs)
+    tot = Counter()
+    for r in rs:
+        for k, wb, fx, rb, br, _fr, _fb in r["per_attempt"]:
+            if k == 1:
+                tot.update(wb=wb, fx=fx, rb=rb, br=br)
+    a = pr["attempts"]["1"]
+    assert a["gain_rate"] == pytest.approx((tot["fx"] - tot["br"]) / (tot["wb"] + tot["rb"]))
+    assert a["fix_rate"] == pytest.approx(tot["fx"] / tot["wb"])
+
+
+def test_every_curve_cell_has_an_interval(rows):
+    e = bench.equal_spend(rows, "cost", [1.0, 3.0], [2.0], 50)
+    assert "bootstrap over seeds" in e["method"]
+    for arm, d in e["arms"].items():
+        for p in d["curve"]:
+            for name in ("spend", "success", "wrong_accepted"):
+                lo, hi = p[name + "_ci"]
+                assert lo - 1e-9 <= p[name] <= hi + 1e-9, (arm, name)
+
+
+# --- the real-model path, end to end over real HTTP ---------------------------------------------
+
+
+class _FakeChat:
+    """A local OpenAI-compatible chat-completions server over real HTTP (127.0.0.1, a free
+    port), standing in for a model: it answers the value the request asks for, except that a
+    first answer (no previous answer in the conversation) gets the first aspect wrong on
+    every other prompt; an answer after feedback takes each counterexample's expected value.
+    Records every request's path, headers and body."""
+
+    def __init__(self):
+        import http.server
+        import re
+        import threading
+
+        fake = self
+        self.requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append((self.path, dict(self.headers), body))
+                msgs = body["messages"]
+                prompt = next(m["content"] for m in msgs if m["role"] == "user")
+                want = dict((a, int(v)) for a, v in re.findall(
+                    r"(\w+) = (\d+)", prompt.split("The request asks for:")[1].split("\n")[0]))
+                prev = [m["content"] for m in msgs if m["role"] == "assistant"]
+                if prev:
+                    ans = json.loads(prev[-1])
+                    for cex in re.findall(r"counterexample: (\{.*\})", msgs[-1]["content"]):
+                        c = json.loads(cex)
+                        if c.get("aspect") in ans:
+                            ans[c["aspect"]] = (c["expected"] if c.get("expected") is not None
+                                                else want[c["aspect"]])
+                else:
+                    ans = dict(want)
+                    if len(fake.requests) % 2:
+                        first = next(iter(ans))
+                        ans[first] = (ans[first] + 1) % 4
+                text = json.dumps(ans)
+                out = json.dumps({
+                    "id": "chatcmpl-fake", "object": "chat.completion", "created": 1700000000,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                                 "message": {"role": "assistant", "content": text}}],
+                    "usage": {"prompt_tokens": len(json.dumps(msgs)) // 4,
+                              "completion_tokens": len(text) // 4,
+                              "total_tokens": len(json.dumps(msgs)) // 4 + len(text) // 4}}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_real_model_run_goes_through_the_sdk_over_http(tmp_path, monkeypatch, capsys):
+    """``--model openai:NAME --base-url URL``: every arm's model calls go through the openai
+    SDK's own HTTP transport to the server; feedback (visible cases only) reaches it; the
+    output says REAL, never SIMULATED, and never writes the simulated results."""
+    pytest.importorskip("openai", reason="the real-model path needs the openai package")
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    srv = _FakeChat()
+    try:
+        out = tmp_path / "real.json"
+        picked = ["chain-3", "diamond-3", "codegen-4", "upstream-3"]
+        assert bench.main(["--model", "openai:fake-model", "--base-url", srv.url, "--seeds",
+                           "1", "--quick", "--tasks", ",".join(picked), "--arms",
+                           "single,recheck,incr,incr_norevert", "--out", str(out)]) == 0
+    finally:
+        srv.close()
+    res = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert res["simulated"] is False and "REAL MODEL fake-model" in res["model"]
+    assert "SIMULATED" not in res["model"] and "REAL MODEL" in printed
+    assert res["real_model"] == {"name": "fake-model", "base_url": srv.url, "temperature": 0.7}
+    assert sorted(t["id"] for t in res["tasks"]) == sorted(picked)
+    # every model call of every run was one HTTP request to the chat endpoint, with the model
+    # name and the temperature; the SDK sent a placeholder key (no key in the environment)
+    calls = sum(m["calls"]["mean"] * m["runs"] for m in res["runs"].values())
+    assert calls == pytest.approx(len(srv.requests)) and calls > 0
+    for path_, headers, body in srv.requests:
+        assert path_ == "/v1/chat/completions"
+        assert body["model"] == "fake-model" and body["temperature"] == 0.7
+        assert {k.lower() for k in headers} >= {"authorization", "user-agent"}
+    # feedback went over the wire (an edit: the previous answer, then the NACKs), and no
+    # hidden case name ever did
+    edits = [b for _p, _h, b in srv.requests if any(m["role"] == "assistant"
+                                                     for m in b["messages"])]
+    assert edits and any("counterexample" in b["messages"][-1]["content"] for b in edits)
+    hidden = {h for t in tasks() if t.id in picked for h in t.hidden_names}
+    wire = json.dumps([b for _p, _h, b in srv.requests])
+    assert hidden and not any(f'case {h}' in wire or f'"{h}"' in wire for h in hidden)
+    # tokens are the server's usage figures
+    assert sum(m["tokens"]["mean"] * m["runs"] for m in res["runs"].values()) > 0
+    # the fake fixes what feedback names: the loops with feedback beat one pass
+    assert res["runs"]["incr"]["success"]["mean"] > res["runs"]["single"]["success"]["mean"]
+
+
+def test_the_real_model_path_refuses_what_it_cannot_run():
+    with pytest.raises(SystemExit):
+        bench.main(["--model", "ollama:x", "--quick"])
+    with pytest.raises(SystemExit):
+        bench.main(["--base-url", "http://127.0.0.1:9/v1", "--quick"])
+    with pytest.raises(SystemExit):
+        bench.main(["--model", "openai:x", "--base-url", "http://127.0.0.1:9/v1", "--sweep"])
+    assert A.REAL_MODEL is None          # the simulation is back for every other run

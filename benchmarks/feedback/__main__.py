@@ -580,9 +580,43 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override a pre-registered parameter (recorded as a deviation)")
     ap.add_argument("--sweep", action="store_true", help="add the exploratory sensitivity run")
+    ap.add_argument("--tasks", default=None, metavar="ID,ID|FAMILY,...",
+                    help="run only these tasks (ids or families)")
+    ap.add_argument("--model", default=None, metavar="openai:NAME",
+                    help="a REAL model behind an OpenAI-compatible endpoint instead of the "
+                         "simulation (key: OPENAI_API_KEY; none needed with a local "
+                         "--base-url); no wall-time run, no flaky condition, no sweep")
+    ap.add_argument("--base-url", default=None, metavar="URL",
+                    help="the endpoint of --model, e.g. http://localhost:8080/v1")
+    ap.add_argument("--temperature", type=float, default=0.7,
+                    help="sampling temperature of --model (default 0.7: a resample must be "
+                         "able to differ)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)
+    real = None
+    if a.model is not None:
+        kind, _, name = a.model.partition(":")
+        if kind != "openai" or not name:
+            ap.error(f"--model {a.model!r}: expected openai:NAME (an OpenAI-compatible chat "
+                     f"endpoint; --base-url for a local server)")
+        if a.sweep:
+            ap.error("--sweep varies the simulated model's parameters: not with --model")
+        from benchmarks.feedback.real import ChatModel
+        real = ChatModel(load_config(a.config, a.set)[0], name, a.base_url,
+                         temperature=a.temperature)
+        if a.arms == ",".join(A.ARMS):
+            a.arms = ",".join(x for x in A.ARMS if x != "strong")
+    elif a.base_url is not None:
+        ap.error("--base-url goes with --model openai:NAME")
+    prev = A.use_model(real)
+    try:
+        return _main(a, argv, real)
+    finally:
+        A.use_model(prev)
+
+
+def _main(a, argv, real) -> int:
     t0 = time.perf_counter()
     cfg, sha = load_config(a.config, a.set)
     h = cfg["harness"]
@@ -591,18 +625,34 @@ def main(argv=None) -> int:
     arm_names = [x for x in a.arms.split(",") if x]
     for x in arm_names:
         if x not in A.ARMS:
-            ap.error(f"unknown arm {x!r}; choose from {', '.join(A.ARMS)}")
+            raise SystemExit(f"--arms: unknown arm {x!r}; choose from {', '.join(A.ARMS)}")
+        if real is not None and x == "strong":
+            raise SystemExit("--arms: strong is the simulated stronger model; with --model, "
+                             "leave it out")
+    task_list = tasks()
+    if a.tasks:
+        want = {x for x in a.tasks.split(",") if x}
+        task_list = [t for t in task_list if t.id in want or t.family in want]
+        unknown = want - {t.id for t in tasks()} - {t.family for t in tasks()}
+        if unknown or not task_list:
+            raise SystemExit(f"--tasks: no task or family {sorted(unknown)}; tasks: "
+                             f"{', '.join(t.id for t in tasks())}")
     reps = 200 if a.quick else h["bootstrap_reps"]
-    rows = run_grid(cfg, seeds, arm_names)
+    rows = run_grid(cfg, seeds, arm_names, task_list)
     caps = h["cap_multiples"]
     res = {
-        "model": f"{LABEL}: every figure is SIMULATED",
-        "simulated": True, "config": cfg, "config_sha256": sha, "deviations": a.set,
+        "model": (f"{LABEL}: every figure is SIMULATED" if real is None else
+                  f"{real.label} (temperature {a.temperature}): figures from a REAL model on "
+                  f"abstract tasks whose prompt states the values asked for"),
+        "simulated": real is None,
+        "real_model": None if real is None else {"name": real.name, "base_url": real.base_url,
+                                                 "temperature": a.temperature},
+        "config": cfg, "config_sha256": sha, "deviations": a.set,
         "git_commit": git_commit(), "seeds": [seeds[0], seeds[-1]], "arms": arm_names,
         "tasks": [{"id": t.id, "family": t.family, "control": t.control,
                    "nodes": len(t.nodes), "visible_checks": len(t.visible),
                    "hidden_checks": len(t.hidden_names), "coverage": round(t.coverage(), 3)}
-                  for t in tasks()],
+                  for t in task_list],
         "equal_spend": {u: equal_spend(rows, u, caps, h["equal_spend_points"], reps)
                         for u in UNITS},
         "runs": summarize_runs(rows, arm_names, reps),
@@ -610,7 +660,7 @@ def main(argv=None) -> int:
     kor = keep_or_revert(rows, reps)
     if kor:
         res["keep_or_revert"] = kor
-    if not a.quick:
+    if not a.quick and real is None:
         ws = list(range(h["walltime_seeds"]))
         res["walltime_seeds"] = len(ws)
         res["walltime"] = walltime(cfg, [x for x in ("recheck", "incr", "incr_par")
@@ -638,9 +688,11 @@ def main(argv=None) -> int:
     res["incr"] = incr.__version__
     res["python"] = sys.version.split()[0]
     print_all(res)
-    out = Path(a.out) if a.out else HERE / ("results-quick.json" if a.quick else "results.json")
+    out = Path(a.out) if a.out else HERE / ("results-real.json" if real is not None else
+                                            "results-quick.json" if a.quick else "results.json")
     out.write_text(json.dumps(res, indent=1) + "\n")
-    plot = a.plot or (None if a.quick else str(ROOT / "docs" / "evaluation.svg"))
+    plot = a.plot or (None if a.quick or real is not None else
+                      str(ROOT / "docs" / "evaluation.svg"))
     if plot:
         from benchmarks.feedback.plot import svg
         Path(plot).write_text(svg(res))

@@ -67,6 +67,19 @@ FEEDBACK_ARMS = ("whole", "cache", "recheck", "incr", "incr_norevert", "incr_reu
 INCR_ARMS = ("incr", "incr_norevert", "incr_reuse", "incr_par")
 
 
+# The model every arm calls: None = the SIMULATED model (sim.SimModel); else a real one
+# (real.ChatModel, set by ``python -m benchmarks.feedback --model openai:NAME``; see use_model).
+REAL_MODEL = None
+
+
+def use_model(model):
+    """Make every run call ``model`` (a real.ChatModel), or the simulation again (None);
+    returns the previous setting."""
+    global REAL_MODEL
+    prev, REAL_MODEL = REAL_MODEL, model
+    return prev
+
+
 class BudgetSpent(Exception):
     """The task's meter refused a model call (not an incr error: it propagates)."""
 
@@ -99,7 +112,13 @@ class Ctx:
     def __init__(self, arm: str, task: Task, cfg: dict, seed: int, cap_multiple=None,
                  sleep_scale: float = 0.0):
         self.arm, self.task, self.cfg, self.seed = arm, task, cfg, seed
-        self.model = SimModel(cfg, seed, strong=(arm == "strong"))
+        if REAL_MODEL is None:
+            self.model = SimModel(cfg, seed, strong=(arm == "strong"))
+        elif arm == "strong":
+            raise ValueError("the strong arm is the simulated stronger model: with a real "
+                             "model, leave it out of --arms")
+        else:
+            self.model = REAL_MODEL.for_run(cfg)
         h = cfg["harness"]
         self.unit, self.unit_tokens = unit_cost(task, cfg)
         mult = cap_multiple
