@@ -519,3 +519,13 @@ def test_the_real_model_path_refuses_what_it_cannot_run():
     with pytest.raises(SystemExit):
         bench.main(["--model", "openai:x", "--base-url", "http://127.0.0.1:9/v1", "--sweep"])
     assert A.REAL_MODEL is None          # the simulation is back for every other run
+
+
+def test_per_task_means(rows):
+    pt = bench.per_task(rows)
+    assert set(pt) == {t.id for t in tasks()}
+    t = tasks()[-2].id
+    rs = [r for r in rows if r["arm"] == "incr_reuse" and r["task"] == t]
+    assert pt[t]["incr_reuse"]["calls"] == pytest.approx(sum(r["calls"] for r in rs) / len(rs))
+    assert pt[t]["incr_reuse"]["reused_accepted"] == pytest.approx(
+        sum(r["reused_accepted"] for r in rs) / len(rs))

@@ -328,6 +328,20 @@ def per_round(rs, reps=0, rng_seed=0):
             "attempts": attempts, "outcomes": outcomes, "escalation_by_round": esc}
 
 
+def per_task(rows):
+    """task -> arm -> means over seeds (uncapped): success, wrong accepted, calls, reused,
+    reused and accepted (model calls avoided), reverts, rebased."""
+    by: dict = defaultdict(list)
+    for r in rows:
+        by[(r["task"], r["arm"])].append(r)
+    out: dict = defaultdict(dict)
+    for (task, arm), rs in by.items():
+        out[task][arm] = {m: sum(float(r[m]) for r in rs) / len(rs)
+                          for m in ("success", "wrong_accepted", "calls", "reused",
+                                    "reused_accepted", "reverts", "rebased")}
+    return dict(out)
+
+
 KOR_METRICS = ("success", "wrong_accepted", "escalated", "cost", "calls", "broken_first")
 
 
@@ -528,6 +542,18 @@ def print_all(res, w=None):
         e = m["per_round"]["escalation_by_round"]
         w(f"{arm:<13} " + " ".join(f"r{r}:{fc(v['rate'], v['ci'])}" for r, v in e.items()
                                    if v["reached"] >= 20) + "\n")
+    pt = res.get("per_task") or {}
+    fam = {t["id"]: t["family"] for t in res["tasks"]}
+    shown = [t for t in pt if fam.get(t) == "instances" and "incr" in pt[t]
+             and "incr_reuse" in pt[t]]
+    if shown:
+        w("\nthe instances family per task (means over seeds, uncapped; avoided = reused and "
+          "accepted / reused)\n")
+        for t in shown:
+            w(f"{t:<27} " + " | ".join(
+                f"{arm} calls {d['calls']:.1f} succ {d['success']:.2f} wrong "
+                f"{d['wrong_accepted']:.2f} avoided {d['reused_accepted']:.2f}/{d['reused']:.2f}"
+                for arm, d in pt[t].items() if arm in ("incr", "incr_reuse")) + "\n")
     fams = list(next(iter(runs.values()))["families"])
     w("\nsuccess per family (uncapped)\n" + f"{'arm':<13} " + " ".join(f"{f:>18}" for f in fams) + "\n")
     for arm, m in runs.items():
@@ -660,6 +686,7 @@ def _main(a, argv, real) -> int:
     kor = keep_or_revert(rows, reps)
     if kor:
         res["keep_or_revert"] = kor
+    res["per_task"] = per_task(rows)
     if not a.quick and real is None:
         ws = list(range(h["walltime_seeds"]))
         res["walltime_seeds"] = len(ws)
