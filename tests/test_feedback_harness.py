@@ -363,7 +363,8 @@ def test_per_round_rates_have_seed_bootstrap_intervals(rows):
             v, ci = a[name + "_rate"], a[name + "_ci"]
             if v is not None:
                 assert ci is not None and ci[0] <= ci[1]
-                assert ci[0] - 1e-9 <= v <= ci[1] + 1e-9 or k == str(bench.MAX_K), (k, name)
+                # two seeds: the pooled rate lies between the two seeds' own rates
+                assert ci[0] - 1e-9 <= v <= ci[1] + 1e-9, (k, name)
     for k, o in pr["outcomes"].items():
         assert o["reverted_ci"] is not None
     # a seed drawn alone reproduces its own rates: the resampling unit is the seed

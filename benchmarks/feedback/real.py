@@ -109,6 +109,3 @@ class ChatModel:
         cand = make(prompt.node, own, (), 0, upstream)
         tokens = int(out.tokens)
         return Call(cand, tokens, 0, tokens * self.price, seconds)
-
-    def first_call_cost(self, prompt: Prompt) -> float:
-        raise NotImplementedError("the spend unit is the simulated first call's (see sim.py)")
