@@ -120,6 +120,100 @@ def test_runtime_store_path_is_created_owner_only(tmp_path):
         assert stat.S_IMODE(os.stat(path / name).st_mode) & 0o077 == 0, name
 
 
+class _DictTier:
+    """A remote tier (get_many, put_many, close) kept in a dict, shared by two runtimes."""
+
+    def __init__(self):
+        self.data = {}
+
+    def get_many(self, keys):
+        return [self.data.get(k) for k in keys]
+
+    def put_many(self, items):
+        self.data.update(items)
+
+    def close(self):
+        pass
+
+
+def test_remote_tier_is_read_through_and_written_behind(tmp_path):
+    """`remote=` (a URL of a shared second tier, e.g. `"redis://host:6379/0"`: read-through,
+    write-behind, verified like local records"""
+    tier = _DictTier()
+    runs = []
+
+    @incr.cell
+    def f(k):
+        runs.append(k)
+        return {"k": k, "v": [k] * 3}
+
+    for local in ("a", "b"):                 # two machines: separate local stores
+        rt = incr.Runtime(store=tmp_path / local, remote=tier)
+        with rt:
+            assert f(1) == {"k": 1, "v": [1, 1, 1]}
+        rt.close()
+    assert runs == [1] and tier.data
+
+
+@pytest.mark.parametrize("wrong", ["flipped", "swapped"])
+def test_remote_tier_that_is_wrong_is_a_warning_and_a_local_computation(tmp_path, wrong):
+    """a remote that is down or wrong is a warning and a local computation, never an error or a
+    wrong value."""
+    tier = _DictTier()
+    runs = []
+
+    @incr.cell
+    def f(k):
+        runs.append(k)
+        return f"value-{k}"
+
+    rt = incr.Runtime(store=tmp_path / "a", remote=tier)
+    with rt:
+        f(1)
+        f(2)
+    rt.close()
+    keys = sorted(tier.data)
+    if wrong == "flipped":
+        for k in keys:
+            b = bytearray(tier.data[k])
+            b[len(b) // 2] ^= 0x01
+            tier.data[k] = bytes(b)
+    else:                                    # a sound record, under another key
+        values = [tier.data[k] for k in keys]
+        for k, v in zip(keys, values[1:] + values[:1]):
+            tier.data[k] = v
+    runs.clear()
+    rt = incr.Runtime(store=tmp_path / "b", remote=tier)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with rt:
+            assert (f(1), f(2)) == ("value-1", "value-2")
+    rt.close()
+    assert sorted(runs) == [1, 2]
+    assert caught, "no warning for a wrong remote record"
+
+
+def test_remote_tier_that_is_down_is_a_warning_and_a_local_computation(tmp_path):
+    """a remote that is down or wrong is a warning and a local computation, never an error or a
+    wrong value."""
+    pytest.importorskip("redis")
+    runs = []
+
+    @incr.cell
+    def f():
+        runs.append(1)
+        return 42
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rt = incr.Runtime(store=tmp_path / "s", remote="redis://127.0.0.1:1/0")
+        with rt:
+            assert f() == 42
+        rt.close()
+    assert runs == [1]
+    assert any("127.0.0.1:1" in str(w.message) for w in caught)
+
+
 def test_runtime_max_workers_default_is_a_small_pool():
     """`max_workers`: threads used to run independent stale LLM nodes concurrently (default:
     a small pool)."""
@@ -261,7 +355,7 @@ def test_observer_value_before_stabilize_stabilizes(rt):
          "API.md says 'independent ones concurrently' (docs/api.md narrows it to LLM nodes)")
 def test_stabilize_computes_independent_observed_sync_cells_concurrently():
     """the next `stabilize()` computes every observed instance, independent ones concurrently"""
-    barrier = threading.Barrier(2, timeout=2)
+    barrier = threading.Barrier(2, timeout=1.5)
 
     @incr.cell
     def meet(k):
@@ -319,6 +413,29 @@ def test_observer_error_holds_the_exception_until_a_run_succeeds(rt):
     x.set(4)
     rt.stabilize()
     assert o.error is None and o.value == 0.25
+
+
+def test_observer_stop_and_kwargs(rt):
+    """`rt.observe(cell, *args, **kwargs) -> Observer`; `Observer.value`, `Observer.error`,
+    `Observer.on_change(callback)`, `Observer.stop()`."""
+    x = rt.input("x", 1)
+    runs = []
+
+    @incr.cell
+    def scaled(k, by=1):
+        runs.append((k, by))
+        return x.get() * k * by
+
+    obs = rt.observe(scaled, 2, by=3)
+    assert obs.value == 6 and obs.error is None
+    other = rt.observe(scaled, k=2, by=3)    # the same instance
+    assert other.value == 6 and runs == [(2, 3)]
+    obs.stop()
+    other.stop()
+    obs.stop()                               # idempotent
+    x.set(2)
+    rt.stabilize()
+    assert runs == [(2, 3)]                  # no longer refreshed
 
 
 def test_every_callback_is_called_and_their_exceptions_are_raised_together(rt):
@@ -1018,8 +1135,8 @@ def test_declaring_an_input_inside_a_running_cell_is_a_reentrancy_error(declare)
 def test_propagation_through_a_long_chain_does_not_recurse():
     """Propagation never recurses in proportion to the depth of the graph: a chain of a million
     cells, once built, propagates a change from its head with no recursion error and no raised
-    recursion limit. (200,000 cells here, 200 times Python's limit, to keep the test fast.)"""
-    n = 200_000
+    recursion limit. (100,000 cells here, 100 times Python's limit, to keep the test fast.)"""
+    n = 100_000
     limit = sys.getrecursionlimit()
     rt = incr.Runtime()
     head = rt.input("head", 0)
@@ -1204,6 +1321,8 @@ def test_llm_returns_the_accepted_candidate_with_previous_and_feedback(rt):
     assert log[1][:2] == ("ax", "a")
     assert log[1][2] == (incr.NACK("x", counterexample={"want": "x"}),)
     assert len(log) == 2
+    stats = rt.stats()
+    assert (stats["generations"], stats["validations"]) == (2, 2)
 
 
 def test_verdicts_have_kind_and_fields():
@@ -1897,7 +2016,7 @@ def test_stabilize_runs_stale_llm_dependencies_of_observed_cells_concurrently():
     """`rt.stabilize()` runs the generators (and validators) of independent stale LLM instances
     concurrently, up to `max_workers`: observed instances, and instances the observed ones
     depend on."""
-    barrier = threading.Barrier(2, timeout=2)
+    barrier = threading.Barrier(2, timeout=1.5)
     meet_now = [False]
     calls = []
 
@@ -2240,7 +2359,7 @@ def test_incr_gather_demands_llm_nodes_concurrently(rt):
 def test_incr_gather_demands_plain_cells_concurrently():
     """`incr.gather(*thunks)` inside a sync cell (and `cell.map(iterable_of_args)`) demands
     several instances concurrently and returns their values in order."""
-    barrier = threading.Barrier(2, timeout=2)
+    barrier = threading.Barrier(2, timeout=1.5)
 
     @incr.cell
     def meet(k):
@@ -2528,6 +2647,47 @@ def test_runtime_budget_bounds_model_calls_across_nodes():
     assert len(calls) == 3
     with pytest.raises(TypeError, match="budget"):
         incr.Runtime(budget=3)
+
+
+def test_runtime_budget_bounds_tokens_across_nodes():
+    """`Runtime(budget=incr.Budget(...))`: model calls, tokens, cost and seconds across every
+    node of the runtime; a node that would exceed it ends `NotAccepted(reason="budget")`."""
+    calls = []
+
+    @incr.llm(validators=[_nack_every()], version="1", budget=incr.Budget(max_attempts=10))
+    def node(q, *, previous=None, feedback=()):
+        calls.append(q)
+        return incr.Candidate(f"{q}-{len(calls)}", tokens=100)
+
+    rt = incr.Runtime(budget=incr.Budget(max_tokens=250))
+    with rt:
+        for q in (1, 2):
+            with pytest.raises(incr.NotAccepted) as info:
+                node(q)
+            assert info.value.reason == "budget"
+    assert calls == [1, 1, 1]                # 300 tokens spent: node 2 gets no model call
+
+
+@missing("Runtime(budget=incr.Budget(max_attempts=None, max_tokens=...)) makes every model "
+         "call fail with \"TypeError: '>=' not supported between instances of 'int' and "
+         "'NoneType'\" (incr/llmnodes.py _limit_over: `calls >= b.max_attempts` with no None "
+         "check); fix there")
+def test_runtime_budget_without_an_attempt_limit():
+    """`Runtime(budget=incr.Budget(...))`: model calls, tokens, cost and seconds across every
+    node of the runtime; a node that would exceed it ends `NotAccepted(reason="budget")`.
+    (`Budget(max_attempts=None)` is a valid Budget: no limit on calls.)"""
+    calls = []
+
+    @incr.llm(validators=[_nack_every()], version="1", budget=incr.Budget(max_attempts=10))
+    def node(*, previous=None, feedback=()):
+        calls.append(1)
+        return incr.Candidate(f"c{len(calls)}", tokens=100)
+
+    rt = incr.Runtime(budget=incr.Budget(max_attempts=None, max_tokens=250))
+    with rt:
+        with pytest.raises(incr.NotAccepted) as info:
+            node()
+    assert info.value.reason == "budget" and len(calls) == 3
 
 
 def test_budget_cooldown_spaces_two_attempts_of_one_node(rt):
@@ -2835,6 +2995,29 @@ def test_halt_from_another_thread_stops_before_the_next_model_call_and_resume_li
         rt.halt("")
 
 
+def test_halt_from_a_signal_handler(rt):
+    """`rt.halt(reason)` from any thread or a signal handler: every LLM loop stops before its
+    next model call with `NotAccepted(reason="halted")`"""
+    import signal
+    calls = []
+    previous_handler = signal.signal(signal.SIGUSR1, lambda *a: rt.halt("signalled"))
+    try:
+        @incr.llm(validators=[_nack_every()], version="1", budget=incr.Budget(max_attempts=5))
+        def node(*, previous=None, feedback=()):
+            calls.append(1)
+            if len(calls) == 2:
+                signal.raise_signal(signal.SIGUSR1)
+            return f"c{len(calls)}"
+
+        with rt:
+            with pytest.raises(incr.NotAccepted) as info:
+                node()
+    finally:
+        signal.signal(signal.SIGUSR1, previous_handler)
+        rt.resume()
+    assert info.value.reason == "halted" and len(calls) == 2
+
+
 @missing("no event is emitted when rt.halt stops a loop (incr.events has no Halted, and the "
          "Stopped event is not emitted on the halted path); fix: incr/llmnodes.py, the halted "
          "check before a model call (line ~1328) should _emit(events.Stopped(label, 'halted'))")
@@ -3089,7 +3272,7 @@ def test_map_with_an_llm_node(rt):
         assert dict(out().items()) == {"a": "X", "b": "Y"}
         m.set("b", "z")
         assert dict(out().items()) == {"a": "X", "b": "Z"}
-    assert calls == ["a", "b", "b"]
+    assert sorted(calls) == ["a", "b", "b"]   # model calls of a map may run concurrently
 
 
 def test_collections_explain_and_cut_off_like_cells(rt):
@@ -3139,7 +3322,7 @@ def test_collections_with_a_cell_persist_in_the_store(tmp_path):
         with rt:
             assert m.map(square).sum()() == 5
         rt.close()
-    assert runs == ["a", "b"]
+    assert sorted(runs) == ["a", "b"]
 
 
 @missing("m.map(plain_function) instances are not stored: a new runtime on the same store runs "
@@ -3160,7 +3343,7 @@ def test_collections_with_a_plain_function_persist_in_the_store(tmp_path):
         with rt:
             assert m.map(square).sum()() == 5
         rt.close()
-    assert runs == ["a", "b"]
+    assert sorted(runs) == ["a", "b"]
 
 
 @missing("m.map(async_fn) stores coroutines as the map's values (never awaited); fix: "
