@@ -2554,6 +2554,91 @@ def test_cancelling_an_awaiting_task_records_nothing():
     assert runs == ["slow", "fast"]
 
 
+def test_set_from_another_thread_during_a_pass_is_not_seen_by_that_pass():
+    """Each stale instance runs at most once per pass and never sees a mix of old and new
+    values, whatever runs concurrently (CONCURRENCY.md rule 1: one pass, one revision)."""
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+    started, set_done = threading.Event(), threading.Event()
+    seen = []
+
+    @incr.cell
+    def reader():
+        first = x.get()
+        started.set()
+        set_done.wait(10)
+        seen.append((first, x.get()))
+        return first
+
+    obs = rt.observe(reader)
+    values = []
+    obs.on_change(values.append)
+    errors = []
+
+    def setter():
+        started.wait(10)
+        try:
+            x.set(2)                         # from outside the pass: must not fail
+        except Exception as e:               # noqa: BLE001 - reported below
+            errors.append(e)
+        set_done.set()
+
+    t = threading.Thread(target=setter)
+    t.start()
+    report = rt.stabilize()
+    t.join()
+    assert errors == []
+    assert seen == [(1, 1)] and report.recomputed == ["reader()"] and values == [1]
+    rt.stabilize()
+    assert seen == [(1, 1), (2, 2)] and values == [1, 2]
+
+
+def test_single_flight_across_tasks(rt):
+    """(CONCURRENCY.md rule 2, single flight) Each stale instance runs at most once per pass"""
+    runs = []
+
+    @incr.cell
+    async def shared():
+        runs.append("shared")
+        await asyncio.sleep(0.01)
+        return 5
+
+    @incr.cell
+    async def left():
+        return await shared() + 1
+
+    @incr.cell
+    async def right():
+        return await shared() + 2
+
+    @incr.cell
+    async def both():
+        return await asyncio.gather(left(), right())
+
+    with rt:
+        assert both() == [6, 7]
+    assert runs == ["shared"]
+
+
+def test_cycle_across_tasks_is_a_cycle_error(rt):
+    """(CONCURRENCY.md rule 3, cycles across tasks) A cell that demands itself, directly or
+    through others, raises `incr.CycleError` naming the cycle"""
+    @incr.cell
+    async def ping(k):
+        await asyncio.sleep(0)
+        return await pong(k)
+
+    @incr.cell
+    async def pong(k):
+        await asyncio.sleep(0)
+        return await ping(k)
+
+    with rt:
+        with pytest.raises(incr.CycleError) as info:
+            ping(1)
+    assert "ping(1)" in str(info.value) and "pong(1)" in str(info.value)
+
+
 class _InProcessExecutor:
     """An executor as Runtime(executor=...) takes it: submit() and results(); runs in this
     process, without serializing (as a thread-pool executor would)."""
