@@ -49,6 +49,7 @@ cdef class SumFold:
     cdef void to_tree(self) except *
     cpdef set(self, object key, object value)
     cpdef bint delete(self, object key) except -1
+    cdef object cvalue(self)
 
 
 cdef class MinMaxFold:
@@ -65,3 +66,89 @@ cdef class MinMaxFold:
     cdef void maybe_rebuild(self) except *
     cpdef set(self, object key, object value)
     cpdef bint delete(self, object key) except -1
+
+
+# ---- the collection nodes (incr.collections' classes derive from these) -------------------
+# A node is an incr cell with no arguments; the engine runs it through Cell.invoke, which a
+# node overrides to call its compiled _drive (no Python frame per run). The per-key work of
+# map / filter (plain function or incr cell) and of the folds is compiled here; the other
+# operators (map_keys, join, group_by) override the _compute/_apply hooks in Python.
+
+from incr._core cimport Cell, Runtime, Instance, Node
+
+
+cdef class PerKeyFn:
+    cdef public object node
+    cdef public object fn
+    cdef public bint is_cell
+    cdef public dict key_ext          # key -> deps of its instance (cells), if any
+    cdef public dict ext_keys         # dep -> set of keys whose instance read it
+    cdef public dict ext_seen         # dep -> its changed_at when last looked at
+    cdef public dict glob             # plain fn: dep -> changed_at
+    cdef public dict key_inst         # cells: key -> the instance demanded for it
+    cdef public long long n_dropped   # instances withdrawn (deleted or superseded keys)
+
+    cdef object call(self, Runtime rt, object key, tuple args)
+    cdef void note(self, list reads, Py_ssize_t n0) except *
+    cdef void set_ext(self, object key, tuple deps) except *
+    cpdef drop(self, object key)
+
+
+cdef class NodeBase(Cell):
+    cdef public object _rt
+    cdef public str label
+    cdef public object _pending       # set: keys to recompute at the next run
+    cdef Instance inst                # this node's instance in _rt, once looked up
+
+    cdef Instance own(self)
+    cdef object invoke(self, tuple args)
+    cpdef _drive(self)
+    cpdef _refresh(self)
+
+
+cdef class MapBase(NodeBase):
+    cdef public dict _data
+    cdef public list _log
+    cdef public long long _log_start
+    cdef public object _sorted
+    cdef public object _kind
+    cdef public long long _ran_from
+    cdef public object _vcache
+    cdef public long long _bulk_builds
+    cdef public int _mode             # M_* in _collections.pyx
+    # one upstream (map, filter, map_keys, group_by)
+    cdef public object _up
+    cdef public long long _seen
+    cdef public PerKeyFn _fn
+    # an input map
+    cdef public long long _stamp
+    cdef public object _anchor
+    cdef public dict _key_inputs
+
+    cpdef bint _put(self, object key, object value) except -1
+    cpdef bint _del(self, object key) except -1
+    cpdef _emit(self, object key)
+    cpdef _view(self)
+    cpdef _check_kind(self, object key)
+    cdef object drive_one_up(self)
+    cdef object compute(self, Runtime rt, object key, object value)
+    cdef void apply_one(self, object key, object r) except *
+    cdef void track(self, Runtime rt) except *
+
+
+cdef class FoldBase(NodeBase):
+    cdef public MapBase _up
+    cdef public long long _seen
+    cdef public str _kindname
+    cdef public object _keyfn, _add, _remove, _acc
+    cdef public dict _vals
+    cdef public object _tree
+
+
+cdef class InputMapBase(MapBase):
+    pass
+
+
+cdef class MapView:
+    cdef readonly MapBase _node
+    cdef readonly long long _version

@@ -11,7 +11,13 @@ cimport cython
 from cpython.object cimport PyObject_RichCompareBool, Py_LT, Py_GT
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem
 from cpython.ref cimport PyObject
+from cpython.set cimport PySet_Add
 from heapq import heapify, heappop, heappush
+from collections.abc import Mapping, KeysView, ItemsView, ValuesView
+
+from incr._core cimport Cell, Runtime, Instance, Node, demand, lookup, table_for, quiet_enter
+from incr._core import EQUAL, IDENTITY, current
+from incr.errors import _Deferred
 
 _EMPTY = object()
 
@@ -433,14 +439,17 @@ cdef class SumFold:
         self.n_tree += 1
         return self.tree.delete(key)
 
-    @property
-    def value(self):
-        """The sum of every value, or the identity when there is none."""
+    cdef object cvalue(self):
         if self.tree is not None:
             return self.tree.value
         if not self.vals:
             return self.identity
         return self.total
+
+    @property
+    def value(self):
+        """The sum of every value, or the identity when there is none."""
+        return self.cvalue()
 
     def keys(self):
         if self.tree is not None:
@@ -584,3 +593,628 @@ cdef class MinMaxFold:
             if got != want_v:
                 raise AssertionError(f"{got!r} != {want_v!r}")
         return True
+
+
+# ==== the collection nodes ==================================================================
+# incr.collections' classes derive from these. Read incr/collections.py's docstring first: it
+# says how a node propagates (change logs, pending keys, one instance per key). What is here is
+# the per-key work of one run, compiled: pull the upstream's changed keys, call the function,
+# put the result, log the change, update the fold.
+
+_ABSENT = object()          # "no entry" (a value of None is an entry)
+cdef object ABSENT = _ABSENT
+cdef Py_ssize_t LOG_MIN = 4096   # a change log is trimmed past this length and the map's size
+cdef dict NOKW = {}
+
+cdef enum:
+    M_OTHER = 0      # a node whose _drive is Python (join)
+    M_INPUT = 1      # an input map
+    M_MAP = 2        # map(fn)
+    M_FILTER = 3     # filter(pred)
+    M_HOOKS = 4      # one upstream, Python _compute / _apply (map_keys, group_by)
+
+MODE_OTHER, MODE_INPUT, MODE_MAP, MODE_FILTER, MODE_HOOKS = M_OTHER, M_INPUT, M_MAP, M_FILTER, M_HOOKS
+
+_KINDS = {bool: "number", int: "number", float: "number", str: "str", bytes: "bytes",
+          type(None): "none", tuple: "tuple"}
+
+
+def _key_kind(key, where):
+    kind = _KINDS.get(type(key))
+    if kind is None:
+        raise TypeError(f"{where}: a key must be None, bool, int, float, str, bytes or a tuple "
+                        f"of them, got {type(key).__name__} {key!r}")
+    if kind == "tuple":
+        for k in key:
+            _key_kind(k, where)
+    return kind
+
+
+cdef inline bint _same(object a, object b):
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def same(a, b):
+    """Same type and ==, a raising == being "different" (input maps' no-op test)."""
+    return _same(a, b)
+
+
+@cython.final
+cdef class MapView:
+    """The value of a map cell: a read-only mapping of the map's entries, in key order.
+
+    Two views are equal when they are of the same map at the same change, so a map cell whose
+    run changed no key is cut off. A view reads the map as it is now (as of its last
+    stabilization or demand), not a copy taken when the view was made.
+    """
+
+    def __init__(self, MapBase node, long long version):
+        self._node = node
+        self._version = version
+
+    def __eq__(self, other):
+        return (type(other) is MapView and (<MapView>other)._node is self._node
+                and (<MapView>other)._version == self._version)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash((id(self._node), self._version))
+
+    def __getitem__(self, key):
+        return self._node._data[key]
+
+    def get(self, key, default=None):
+        return self._node._data.get(key, default)
+
+    def __iter__(self):
+        return iter(self._node._sorted_keys())
+
+    def __len__(self):
+        return len(self._node._data)
+
+    def __contains__(self, key):
+        return key in self._node._data
+
+    def keys(self):
+        return KeysView(self)
+
+    def items(self):
+        return ItemsView(self)
+
+    def values(self):
+        return ValuesView(self)
+
+    def __repr__(self):
+        return f"<incr map {self._node.label}: {len(self._node._data)} keys>"
+
+
+Mapping.register(MapView)
+
+
+@cython.final
+cdef class PerKeyFn:
+    """Calls a per-key function: a cell (one instance per key, demanded untracked, with what
+    the instance read besides its arguments tracked by the node) or a plain function (called
+    directly, its reads recorded on the node as a whole)."""
+
+    def __init__(self, node, fn):
+        if not callable(fn):
+            raise TypeError(f"{node.label}: expected a function or an incr cell, got {fn!r}")
+        self.node = node
+        self.fn = fn
+        self.is_cell = isinstance(fn, Cell)
+        self.key_ext = {}
+        self.ext_keys = {}
+        self.ext_seen = {}
+        self.glob = {}
+        self.key_inst = {}
+        self.n_dropped = 0
+
+    def check(self, rt, all_keys):
+        """Read (tracked) every outside dependency; the keys to run again because one moved."""
+        out = set()
+        for dep, seen in list(self.ext_seen.items()):
+            rt._read(dep)
+            if dep._changed_at != seen:
+                self.ext_seen[dep] = dep._changed_at
+                out.update(self.ext_keys.get(dep, ()))
+        moved = False
+        for dep, seen in list(self.glob.items()):
+            rt._read(dep)
+            if dep._changed_at != seen:
+                self.glob[dep] = dep._changed_at
+                moved = True
+        if moved:
+            out.update(all_keys)
+        return out
+
+    def __call__(self, rt, key, tuple args):
+        return self.call(<Runtime?>rt, key, args)
+
+    cdef object call(self, Runtime rt, object key, tuple args):
+        cdef Cell c
+        cdef Instance inst
+        cdef list reads
+        cdef Py_ssize_t n0
+        cdef long long q
+        cdef tuple deps
+        if self.is_cell:
+            c = <Cell>self.fn
+            inst = lookup(rt, c, table_for(rt, c), c.bound(args, NOKW), True)
+            q = quiet_enter(rt)          # untracked: the node does not depend on each instance
+            try:
+                v = demand(rt, inst)
+            finally:
+                rt.quiet = q
+            deps = inst.deps
+            if deps or key in self.key_ext:
+                self.set_ext(key, deps if deps is not None else ())
+            prev = self.key_inst.get(key)
+            if prev is not inst:
+                self.key_inst[key] = inst
+                _use(rt, inst, 1)
+                if prev is not None:
+                    _use(rt, <Instance>prev, -1)   # the key's instance for its old value
+            return v
+        reads = rt._reads()
+        n0 = len(reads)
+        v = self.fn(*args)
+        if len(reads) > n0:
+            self.note(reads, n0)
+        return v
+
+    cdef void note(self, list reads, Py_ssize_t n0) except *:
+        # a plain function read reads[n0:]: a change there runs it again for every key
+        for dep in reads[n0:]:
+            if dep not in self.glob:
+                self.glob[dep] = dep._changed_at
+
+    cdef void set_ext(self, object key, tuple deps) except *:
+        old = self.key_ext.pop(key, ())
+        for d in old:
+            ks = self.ext_keys.get(d)
+            if ks is not None:
+                ks.discard(key)
+                if not ks:
+                    del self.ext_keys[d]
+                    self.ext_seen.pop(d, None)
+        if deps:
+            self.key_ext[key] = deps
+            for d in deps:
+                if d not in self.ext_keys:
+                    self.ext_keys[d] = set()
+                    self.ext_seen[d] = d._changed_at
+                self.ext_keys[d].add(key)
+
+    cpdef drop(self, object key):
+        """``key`` left the map: forget what its instance read, and withdraw the instance."""
+        if key in self.key_ext:
+            self.set_ext(key, ())
+        inst = self.key_inst.pop(key, None)
+        if inst is not None:
+            _use(self.node._rt, <Instance>inst, -1)
+            self.n_dropped += 1
+
+
+cdef void _use(object rt, Instance inst, int delta) except *:
+    # how many map nodes hold `inst` as the instance of one of their keys (two maps of one cell
+    # share instances); at zero it is withdrawn from the runtime (rt._drop: kept if anything
+    # else reads or observes it), so a deleted or changed key's instance can be freed
+    cdef dict uses = rt.extensions.get("incr.collections")
+    if uses is None:
+        uses = rt.extensions["incr.collections"] = {}
+    cdef object c = uses.get(inst)
+    cdef Py_ssize_t n = (0 if c is None else <Py_ssize_t>c) + delta
+    if n > 0:
+        uses[inst] = n
+        return
+    uses.pop(inst, None)
+    rt._drop(inst)
+
+
+cdef class NodeBase(Cell):
+    """A collection node: a cell with no arguments whose run updates the node (_drive)."""
+
+    def __init__(self, rt, str label, cutoff=EQUAL):
+        node = self
+
+        def drive():
+            return node._drive()
+
+        drive.__qualname__ = drive.__name__ = label
+        drive.__module__ = "incr.collections"
+        Cell.__init__(self, drive, cutoff=cutoff)
+        # never stored (its state is in this process), and no NotPersistableWarning for it
+        self._incr_warned = True
+        self._rt = rt
+        self.label = label
+        self._pending = set()
+
+    cdef object invoke(self, tuple args):
+        # the engine runs the node: its compiled _drive, no Python frame in between
+        return self._drive()
+
+    cdef Instance own(self):
+        if self.inst is None:
+            self.inst = <Instance>self._rt._instance(self, (), {})
+        return self.inst
+
+    cpdef _drive(self):
+        raise NotImplementedError
+
+    def _demand(self):
+        # bring the node up to date on its runtime; inside a running cell of that runtime the
+        # read is recorded like any cell call
+        rt = self._rt
+        if current() is rt:
+            return Cell.__call__(self)
+        return rt._demand_top(self.own())
+
+    def __call__(self):
+        return self._demand()
+
+    cpdef _refresh(self):
+        # inside a running node: bring this node up to date, recording the read
+        return demand(<Runtime>self._rt, self.own())
+
+    def __repr__(self):
+        return f"<incr {type(self).__name__} {self.label}>"
+
+    def _pull(self, MapBase up, long long seen, own):
+        # the keys of `up` changed since log position `seen` go to _pending; returns the
+        # position to remember
+        up._refresh()
+        log = up._log
+        cdef long long start = up._log_start
+        cdef long long end = start + len(log)
+        if seen < start:     # first run, or fell behind a trimmed log: everything
+            self._pending.update(up._data)
+            self._pending.update(own() if callable(own) else own)
+        elif seen < end:
+            self._pending.update(log[seen - start:])
+        return end
+
+
+cdef class MapBase(NodeBase):
+    """The compiled part of an incremental map (incr.collections.IncrMap)."""
+
+    def __init__(self, rt, str label):
+        NodeBase.__init__(self, rt, label, IDENTITY)   # a view is cached per change: `is`
+        self._data = {}
+        self._log = []
+        self._log_start = 0
+        self._sorted = None
+        self._kind = None
+        self._ran_from = 0
+        self._vcache = None
+        self._bulk_builds = 0
+        self._seen = -1
+
+    @property
+    def _version(self):
+        return self._log_start + len(self._log)
+
+    def _since(self, long long pos):
+        if pos < self._log_start:
+            return None
+        return self._log[pos - self._log_start:]
+
+    cpdef _emit(self, object key):
+        cdef list log = self._log
+        cdef Py_ssize_t h
+        log.append(key)
+        if len(log) > LOG_MIN and len(log) > len(self._data):
+            h = len(log) // 2
+            del log[:h]
+            self._log_start += h
+
+    cpdef _check_kind(self, object key):
+        kind = _key_kind(key, self.label)
+        if self._kind is not None and self._data and kind != self._kind:
+            raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
+                            f"other keys (all keys of a map are of one kind: numbers, "
+                            f"str, bytes or tuples)")
+        return kind
+
+    cpdef bint _put(self, object key, object value) except -1:
+        cdef dict data = self._data
+        cdef PyObject *old = PyDict_GetItem(data, key)
+        if old == NULL:
+            kind = self._check_kind(key)
+            if self._kind is None or not data:
+                self._kind = kind
+            self._sorted = None
+        elif <object>old is value:
+            return False
+        elif type(<object>old) is type(value):
+            try:
+                if <object>old == value:
+                    return False
+            except Exception:
+                pass
+        data[key] = value
+        self._emit(key)
+        return True
+
+    cpdef bint _del(self, object key) except -1:
+        if self._data.pop(key, ABSENT) is ABSENT:
+            return False
+        self._sorted = None
+        self._emit(key)
+        return True
+
+    def _sorted_keys(self):
+        if self._sorted is None:
+            self._sorted = sorted(self._data)
+        return self._sorted
+
+    cpdef _view(self):
+        cdef long long v = self._log_start + len(self._log)
+        cdef MapView c = <MapView>self._vcache
+        if c is None or c._version != v:
+            c = MapView.__new__(MapView)
+            c._node = self
+            c._version = v
+            self._vcache = c
+        return c
+
+    cpdef _refresh(self):
+        if self._mode == M_INPUT:
+            # a consumer reads the anchor itself: an input map is up to date by construction,
+            # and its own cell need not run for every change
+            return self._anchor.get()
+        return demand(<Runtime>self._rt, self.own())
+
+    cpdef _drive(self):
+        if self._mode == M_INPUT:
+            self._anchor.get()
+            self._ran_from = self._log_start + len(self._log)
+            return self._view()
+        if self._mode == M_OTHER:
+            raise NotImplementedError
+        return self.drive_one_up()
+
+    # -- one upstream: map, filter, map_keys, group_by -----------------------------------------
+
+    def _fresh_build(self, rt, dict up):
+        # the node is empty and must read every upstream key: built in one comprehension
+        # where it can be (a plain function); False to go key by key
+        cdef PerKeyFn pk = self._fn
+        if pk.is_cell or self._mode not in (M_MAP, M_FILTER) or pk.ext_seen or pk.glob:
+            return False
+        reads = rt._reads()
+        n0 = len(reads)
+        fn = pk.fn
+        if self._mode == M_MAP:
+            data = {k: fn(k, v) for k, v in up.items()}
+        else:
+            data = {k: v for k, v in up.items() if fn(k, v)}
+        if len(reads) > n0:
+            pk.note(reads, n0)
+        self._install(data)
+        return True
+
+    def _install(self, dict data):
+        # the whole content at once (the node was empty): the log restarts after it, so every
+        # consumer, being behind it, reads everything
+        cdef long long end = self._log_start + len(self._log)
+        self._data = data
+        self._kind = (<MapBase>self._up)._kind
+        self._sorted = None
+        self._log = []
+        self._log_start = end + len(data)
+        self._bulk_builds += 1
+
+    cdef object drive_one_up(self):
+        cdef MapBase upn = <MapBase>self._up
+        cdef PerKeyFn pk = self._fn
+        cdef Runtime rt = <Runtime>self._rt
+        cdef list ulog
+        cdef long long ustart, uend, seen
+        cdef object pending
+        cdef dict up, results
+        cdef PyObject *pv
+        cdef int mode = self._mode
+        self._ran_from = self._log_start + len(self._log)
+        upn._refresh()
+        ulog = upn._log
+        ustart = upn._log_start
+        uend = ustart + len(ulog)
+        seen = self._seen
+        pending = self._pending
+        if seen < ustart:     # first run, or fell behind a trimmed log: everything
+            if not self._data and self._fresh_build(rt, upn._data):
+                self._seen = uend
+                return self._view()
+            pending.update(upn._data)
+            pending.update(self._data)
+        elif seen == uend - 1:
+            PySet_Add(pending, ulog[seen - ustart])
+        elif seen < uend:
+            pending.update(ulog[seen - ustart:])
+        self._seen = uend
+        if pk.ext_seen or pk.glob:
+            pending.update(pk.check(rt, upn._data))
+        if not pending:
+            self.track(rt)
+            return self._view()
+        up = upn._data
+        if mode != M_HOOKS and len(pending) == 1:
+            # one changed key (the common case): computed, then applied
+            for key in pending:
+                break
+            pv = PyDict_GetItem(up, key)
+            if pv == NULL:
+                self.apply_one(key, ABSENT)
+            else:
+                self.apply_one(key, self.compute(rt, key, <object>pv))
+            pending.clear()
+            self.track(rt)
+            return self._view()
+        results = {}
+        deferred = None
+        # phase 1: compute (may raise: nothing changed yet, the keys stay pending)
+        for key in pending:
+            pv = PyDict_GetItem(up, key)
+            if pv == NULL:
+                results[key] = ABSENT
+                continue
+            try:
+                if mode == M_HOOKS:
+                    results[key] = self._compute(key, <object>pv)
+                else:
+                    results[key] = self.compute(rt, key, <object>pv)
+            except _Deferred as e:   # an LLM generation set aside to run concurrently
+                if deferred is None:
+                    deferred = e
+        if deferred is not None:
+            raise deferred
+        # phase 2: apply
+        if mode == M_HOOKS:
+            self._apply(results)
+        else:
+            for key, r in results.items():
+                self.apply_one(key, r)
+        self._pending = set()   # (a drained large set would be scanned by the next pop)
+        self.track(rt)
+        return self._view()
+
+    cdef object compute(self, Runtime rt, object key, object value):
+        # map / filter: the new entry, or ABSENT
+        r = self._fn.call(rt, key, (key, value))
+        if self._mode == M_FILTER:
+            return value if r else ABSENT
+        return r
+
+    cdef void apply_one(self, object key, object r) except *:
+        if r is ABSENT:
+            self._del(key)
+            self._fn.drop(key)
+        else:
+            self._put(key, r)
+
+    cdef void track(self, Runtime rt) except *:
+        # what the instances run in this pass read is a dependency of the map from now on
+        ext = self._fn.ext_seen
+        if ext:
+            for dep in ext:
+                rt._read(dep)
+
+    def _track(self, rt):
+        self.track(<Runtime?>rt)
+
+
+cdef class InputMapBase(MapBase):
+    """The compiled part of an incremental input map (incr.collections.InputMap)."""
+
+    def set(self, key, value):
+        """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
+        cdef dict data = self._data
+        cdef PyObject *old = PyDict_GetItem(data, key)
+        cdef long long n
+        if old != NULL:
+            if <object>old is value or _same(<object>old, value):
+                return
+        else:
+            self._check_kind(key)
+        if key in self._key_inputs:
+            return self._set_batched(key, value)
+        # one set of the anchor is one revision: no batch needed (the set raises
+        # ReentrancyError inside a computation, before anything changed)
+        n = self._stamp + 1
+        self._anchor.set(Stamp(n))
+        self._stamp = n
+        if old == NULL:
+            self._put(key, value)
+            return
+        data[key] = value
+        self._emit(key)
+
+
+cdef class FoldBase(NodeBase):
+    """The compiled part of a fold (incr.collections.Fold): its run."""
+
+    cpdef _drive(self):
+        cdef MapBase up = self._up
+        cdef list ulog, keys
+        cdef long long ustart, uend, seen
+        cdef dict data
+        cdef PyObject *pv
+        cdef Py_ssize_t i = 0
+        cdef object tree = self._tree
+        up._refresh()
+        if self._kindname == "count":
+            return len(up._data)
+        ulog = up._log
+        ustart = up._log_start
+        uend = ustart + len(ulog)
+        seen = self._seen
+        data = up._data
+        if type(tree) is SumFold and seen == uend - 1 and seen >= ustart and not self._pending:
+            # one changed key of a sum: one compiled update
+            self._seen = uend
+            key = ulog[seen - ustart]
+            pv = PyDict_GetItem(data, key)
+            try:
+                if pv == NULL:
+                    (<SumFold>tree).delete(key)
+                else:
+                    (<SumFold>tree).set(key, <object>pv)
+            except BaseException:
+                self._pending.add(key)    # waits for the next run
+                raise
+            return (<SumFold>tree).cvalue()
+        if seen < ustart:    # first run, or fell behind a trimmed log: everything
+            if type(tree) is SumFold and len(tree) == 0 and not self._pending:
+                tree.load(data)          # compiled, in one pass
+                self._seen = uend
+                return (<SumFold>tree).cvalue()
+            self._pending.update(data)
+            self._pending.update(self._own_keys())
+        elif seen < uend:
+            self._pending.update(ulog[seen - ustart:])
+        self._seen = uend
+        keys = list(self._pending)
+        # a fresh set (popping a drained large set scans its whole table)
+        self._pending = set()
+        try:
+            if tree is not None:
+                keyfn = self._keyfn if self._kindname == "top_k" else None
+                for i in range(len(keys)):
+                    key = keys[i]
+                    pv = PyDict_GetItem(data, key)
+                    if pv == NULL:
+                        tree.delete(key)
+                    elif keyfn is not None:
+                        tree.set(key, <object>pv, keyfn(<object>pv))
+                    else:
+                        tree.set(key, <object>pv)
+                return tree.value
+            # fold(add, remove, init): one key at a time, committed as it goes
+            vals = self._vals
+            for i in range(len(keys)):
+                key = keys[i]
+                acc = self._acc
+                old = vals.get(key, ABSENT)
+                pv = PyDict_GetItem(data, key)
+                if old is not ABSENT:
+                    acc = self._remove(acc, key, old)
+                if pv != NULL:
+                    acc = self._add(acc, key, <object>pv)
+                    vals[key] = <object>pv
+                else:
+                    vals.pop(key, None)
+                self._acc = acc
+            return self._acc
+        except BaseException:
+            self._pending.update(keys[i:])    # the rest waits for the next run
+            raise

@@ -370,6 +370,41 @@ cdef class Runtime:
         cdef Cell c = <Cell>cell
         return lookup(self, c, table_for(self, c), c.bound(args, kwargs), create)
 
+    def _drop(self, Instance n):
+        """Forget the instance ``n`` (incr.collections: the instance of a key that left a
+        map): it leaves its cell's table and its dependencies' dependents, so it can be freed;
+        a later call of the cell with those arguments makes a new one. Nothing is done (False)
+        when something still reads it (dependents), observes it, or it is on the stack or
+        running ahead now."""
+        if n.rt is not self:
+            raise ValueError(f"{n.label()} is not an instance of this runtime")
+        if n.dependents or n.observed_by or n.flags & (F_RUNNING | F_VERIFYING | F_AHEAD):
+            return False
+        cdef dict table = self.tables.get(n.cell)
+        if table is None:
+            return False
+        key = _fast_key(n.args)
+        if key is None:
+            try:
+                key = normalize_args(n.cell.qualname_label, n.cell.param_names, n.args)
+            except TypeError:
+                key = None
+        if key is None or table.get(key) is not n:
+            # its own copy of the arguments keys differently from the caller's (a registered
+            # type decoded to another): found by a scan of its cell's table
+            for k, m in table.items():
+                if m is n:
+                    key = k
+                    break
+            else:
+                return False
+        del table[key]
+        rewire(self, n, n.deps, [])
+        n.flags = (n.flags & ~F_HAS_VALUE) | F_DIRTY
+        n.value = None
+        self.failed.pop(n, None)
+        return True
+
     def _instances(self):
         """Every instance of the trace (for tests and tools)."""
         out = []

@@ -33,85 +33,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from incr._collections import FoldTree, MinMaxFold, Stamp, SumFold
-from incr._core import EQUAL, Cell, Input, current, untracked
-from incr.errors import _Deferred
+from incr._collections import (_ABSENT, _KINDS, MODE_FILTER, MODE_HOOKS, MODE_INPUT, MODE_MAP,
+                               FoldBase, FoldTree, InputMapBase, MapBase, MapView, MinMaxFold,
+                               NodeBase, PerKeyFn, Stamp, SumFold, _key_kind, same as _same)
+from incr._core import Cell, Input, current
 from incr.keys import register_type
 
 __all__ = ["IncrMap", "InputMap", "Fold", "Group", "MapView", "input_map"]
 
-_ABSENT: Any = object()
-_LOG_MIN = 4096        # a map's change log is trimmed past this length and the map's size
-
-
-def _same(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
-_KINDS = {bool: "number", int: "number", float: "number", str: "str", bytes: "bytes",
-          type(None): "none", tuple: "tuple"}
-
-
-def _key_kind(key: Any, where: str) -> str:
-    kind = _KINDS.get(type(key))
-    if kind is None:
-        raise TypeError(f"{where}: a key must be None, bool, int, float, str, bytes or a tuple "
-                        f"of them, got {type(key).__name__} {key!r}")
-    if kind == "tuple":
-        for k in key:
-            _key_kind(k, where)
-    return kind
-
+_Node = NodeBase
+_PerKeyFn = PerKeyFn
 
 def _fn_label(fn: Any) -> str:
     q = getattr(fn, "qualname_label", None) or getattr(fn, "__qualname__", None) \
         or getattr(fn, "__name__", None) or repr(fn)
     return q.rsplit("<locals>.", 1)[-1]
-
-
-class MapView(Mapping):
-    """The value of a map cell: a read-only mapping of the map's entries, in key order.
-
-    Two views are equal when they are of the same map at the same change, so a map cell whose
-    run changed no key is cut off. A view reads the map as it is now (as of its last
-    stabilization or demand), not a copy taken when the view was made.
-    """
-
-    __slots__ = ("_node", "_version")
-
-    def __init__(self, node: IncrMap, version: int) -> None:
-        self._node = node
-        self._version = version
-
-    def __eq__(self, other: object) -> bool:
-        return (type(other) is MapView and other._node is self._node  # type: ignore[attr-defined]
-                and other._version == self._version)  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash((id(self._node), self._version))
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._node._data[key]
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self._node._sorted_keys())
-
-    def __len__(self) -> int:
-        return len(self._node._data)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._node._data
-
-    def __repr__(self) -> str:
-        n = self._node
-        return f"<incr map {n.label}: {len(n._data)} keys>"
 
 
 class Group(Mapping):
@@ -177,63 +113,7 @@ def _decode_group(t: Any) -> dict:
 register_type(Group, _encode_group, _decode_group)
 
 
-class _Node(Cell):
-    """A collection node: a cell with no arguments whose function updates the node."""
-
-    # attributes in slots: a subclass of the compiled Cell reads its __dict__ slowly (hot path)
-    __slots__ = ('_rt', 'label', '_pending')
-
-    def __init__(self, rt: Any, label: str, cutoff: Any = EQUAL) -> None:
-        node = self
-
-        def drive() -> Any:
-            return node._drive()
-
-        drive.__qualname__ = drive.__name__ = label
-        drive.__module__ = "incr.collections"
-        Cell.__init__(self, drive, cutoff=cutoff)
-        # never stored (its state is in this process), and no NotPersistableWarning for it
-        self._incr_warned = True
-        self._rt = rt
-        self.label = label
-        self._pending: set = set()
-
-    def _demand(self) -> Any:
-        # bring the node up to date on its runtime; inside a running cell of that runtime the
-        # read is recorded like any cell call
-        rt = self._rt
-        if current() is rt:
-            return Cell.__call__(self)
-        return rt._demand_top(rt._instance(self, (), {}))
-
-    def __call__(self) -> Any:  # type: ignore[override]
-        return self._demand()
-
-    def _refresh(self) -> None:
-        # inside a running node: bring this map up to date, recording the read
-        Cell.__call__(self)
-
-    def __repr__(self) -> str:
-        return f"<incr {type(self).__name__} {self.label}>"
-
-    # -- pulling changes from an upstream map ----------------------------------------------
-
-    def _pull(self, up: IncrMap, seen: int, own: Any) -> int:
-        # the keys of `up` changed since log position `seen` go to _pending; returns the
-        # position to remember
-        up._refresh()
-        log = up._log
-        start = up._log_start
-        end = start + len(log)
-        if seen < start:     # first run, or fell behind a trimmed log: everything
-            self._pending.update(up._data)
-            self._pending.update(own() if callable(own) else own)
-        elif seen < end:
-            self._pending.update(log[seen - start:])
-        return end
-
-
-class IncrMap(_Node):
+class IncrMap(MapBase):
     """An incremental map: a cell whose value is a ``MapView`` of its entries.
 
     Read it with ``m()`` (a MapView), ``m[key]``, ``m.get(key)``, ``m.items()``, ``len(m)``,
@@ -242,90 +122,7 @@ class IncrMap(_Node):
     ``sum``, ``count``, ``min``, ``max``, ``top_k``, ``reduce``, ``fold``.
     """
 
-    __slots__ = ('_data', '_log', '_log_start', '_sorted', '_kind', '_ran_from', '_vcache', '_bulk_builds')
-
-    def __init__(self, rt: Any, label: str) -> None:
-        _Node.__init__(self, rt, label)
-        self._data: dict = {}
-        self._log: list = []
-        self._log_start = 0
-        self._sorted: list | None = None
-        self._kind: str | None = None
-        self._ran_from = 0          # log position at the start of the last run
-        self._vcache: MapView | None = None
-        self._bulk_builds = 0       # runs that built the whole content at once (tests)
-
-    # -- the change log ----------------------------------------------------------------------
-
-    @property
-    def _version(self) -> int:
-        return self._log_start + len(self._log)
-
-    def _since(self, pos: int) -> list | None:
-        if pos < self._log_start:
-            return None
-        return self._log[pos - self._log_start:]
-
-    def _emit(self, key: Any) -> None:
-        log = self._log
-        log.append(key)
-        if len(log) > _LOG_MIN and len(log) > len(self._data):
-            h = len(log) // 2
-            del log[:h]
-            self._log_start += h
-
-    def _check_kind(self, key: Any) -> str:
-        kind = _key_kind(key, self.label)
-        if self._kind is not None and self._data and kind != self._kind:
-            raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
-                            f"other keys (all keys of a map are of one kind: numbers, "
-                            f"str, bytes or tuples)")
-        return kind
-
-    def _put(self, key: Any, value: Any) -> bool:
-        # (hot: _same and _emit written out)
-        data = self._data
-        old = data.get(key, _ABSENT)
-        if old is _ABSENT:
-            kind = self._check_kind(key)
-            if self._kind is None or not data:
-                self._kind = kind
-            self._sorted = None
-        elif old is value:
-            return False
-        elif type(old) is type(value):
-            try:
-                if old == value:
-                    return False
-            except Exception:
-                pass
-        data[key] = value
-        log = self._log
-        log.append(key)
-        if len(log) > _LOG_MIN and len(log) > len(data):
-            h = len(log) // 2
-            del log[:h]
-            self._log_start += h
-        return True
-
-    def _del(self, key: Any) -> bool:
-        if self._data.pop(key, _ABSENT) is _ABSENT:
-            return False
-        self._sorted = None
-        self._emit(key)
-        return True
-
-    def _sorted_keys(self) -> list:
-        if self._sorted is None:
-            self._sorted = sorted(self._data)
-        return self._sorted
-
-    def _view(self) -> MapView:
-        v = self._log_start + len(self._log)
-        c = self._vcache
-        if c is None or c._version != v:
-            c = self._vcache = MapView(self, v)
-        return c
+    __slots__ = ()   # (its fields are MapBase's, compiled)
 
     @property
     def last_changes(self) -> list:
@@ -444,7 +241,7 @@ class IncrMap(_Node):
                     add=add, remove=remove, identity=init)
 
 
-class InputMap(IncrMap):
+class InputMap(IncrMap, InputMapBase):
     """A keyed input. Create with ``incr.input_map(rt, name, mapping)``.
 
     ``set(key, value)``, ``delete(key)`` and ``update(mapping, delete=())`` (one revision)
@@ -452,19 +249,30 @@ class InputMap(IncrMap):
     it. Inside a running cell ``m[key]`` and ``m.get(key)`` depend on that key only.
     """
 
-    __slots__ = ('_stamp', '_anchor', '_key_inputs')
+    __slots__ = ()
 
     def __init__(self, rt: Any, name: str, mapping: Any = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"input_map needs a non-empty str name, got {name!r}")
+        data = None
+        if mapping is not None:
+            # checked before the name is taken: a bad mapping leaves nothing declared
+            try:
+                data = dict(mapping.items() if hasattr(mapping, "items") else mapping)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"input_map {name!r}: mapping must be a mapping or an iterable "
+                                f"of (key, value) pairs, got {type(mapping).__name__} "
+                                f"{mapping!r} ({e})") from None
+            kinds = {type(k) for k in data}
+            if not (len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple")):
+                for k in data:
+                    _key_kind(k, f"input_map {name!r}")
         self._stamp = 0
         self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
         IncrMap.__init__(self, rt, name)
-        self._key_inputs: dict = {}
-        if mapping is not None:
-            items = mapping.items() if hasattr(mapping, "items") else mapping
-            data = dict(items)
-            kinds = {type(k) for k in data}
+        self._key_inputs = {}
+        self._mode = MODE_INPUT
+        if data is not None:
             if len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple"):
                 # one simple key type (the common case): checked once, not per key
                 self._kind = _KINDS[next(iter(kinds))]
@@ -480,16 +288,6 @@ class InputMap(IncrMap):
         """The input's own change counter (for tests)."""
         return self._stamp
 
-    def _drive(self) -> MapView:
-        self._anchor.get()
-        self._ran_from = self._log_start + len(self._log)
-        return self._view()
-
-    def _refresh(self) -> None:
-        # a consumer reads the anchor itself: an input map is up to date by construction,
-        # and its own cell need not run for every change
-        self._anchor.get()
-
     def _bump(self) -> None:
         # first: raises ReentrancyError (nothing changed) inside a computation
         self._stamp += 1
@@ -504,32 +302,8 @@ class InputMap(IncrMap):
         if inp is not None:
             inp.set(self._data.get(key, _ABSENT))
 
-    def set(self, key: Any, value: Any) -> None:
-        """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
-        data = self._data
-        old = data.get(key, _ABSENT)
-        if old is not _ABSENT:
-            if old is value or _same(old, value):
-                return
-        else:
-            self._check_kind(key)
-        if key not in self._key_inputs:
-            # one set of the anchor is one revision: no batch needed (the set raises
-            # ReentrancyError inside a computation, before anything changed)
-            n = self._stamp + 1
-            self._anchor.set(Stamp(n))
-            self._stamp = n
-            if old is _ABSENT:
-                self._put(key, value)
-                return
-            data[key] = value
-            log = self._log
-            log.append(key)
-            if len(log) > _LOG_MIN and len(log) > len(data):
-                h = len(log) // 2
-                del log[:h]
-                self._log_start += h
-            return
+    # set(key, value): InputMapBase (compiled); with a per-key input read by a cell, here
+    def _set_batched(self, key: Any, value: Any) -> None:
         with self._rt.batch():
             self._bump()
             self._put(key, value)
@@ -597,248 +371,44 @@ class InputMap(IncrMap):
         return self._view()
 
 
-class _PerKeyFn:
-    """Calls a per-key function (a cell: one instance per key, demanded untracked, with
-    what the instance read besides its arguments tracked by the node; a plain function:
-    called directly, its reads recorded on the node as a whole)."""
-
-    __slots__ = ('node', 'fn', 'is_cell', 'key_ext', 'ext_keys', 'ext_seen', 'glob')
-
-    def __init__(self, node: _Node, fn: Any) -> None:
-        if not callable(fn):
-            raise TypeError(f"{node.label}: expected a function or an incr cell, got {fn!r}")
-        self.node = node
-        self.fn = fn
-        self.is_cell = isinstance(fn, Cell)
-        self.key_ext: dict = {}     # key -> deps of its instance (cells), if any
-        self.ext_keys: dict = {}    # dep -> set of keys whose instance read it
-        self.ext_seen: dict = {}    # dep -> its changed_at when last looked at
-        self.glob: dict = {}        # plain fn: dep -> changed_at
-
-    def check(self, rt: Any, all_keys: Any) -> set:
-        """Read (tracked) every outside dependency; the keys to run again because one moved."""
-        out: set = set()
-        for dep, seen in list(self.ext_seen.items()):
-            rt._read(dep)
-            if dep._changed_at != seen:
-                self.ext_seen[dep] = dep._changed_at
-                out.update(self.ext_keys.get(dep, ()))
-        moved = False
-        for dep, seen in list(self.glob.items()):
-            rt._read(dep)
-            if dep._changed_at != seen:
-                self.glob[dep] = dep._changed_at
-                moved = True
-        if moved:
-            out.update(all_keys)
-        return out
-
-    def __call__(self, rt: Any, key: Any, args: tuple) -> Any:
-        if self.is_cell:
-            inst = rt._instance(self.fn, args, {})
-            with untracked():
-                v = rt._read(inst)
-            deps = inst._deps
-            old = self.key_ext.get(key, ())
-            if deps or old:
-                self._set_ext(key, tuple(deps))
-            return v
-        reads = rt._reads()
-        n0 = len(reads)
-        v = self.fn(*args)
-        if len(reads) > n0:
-            self.note(reads, n0)
-        return v
-
-    def note(self, reads: list, n0: int) -> None:
-        # a plain function read reads[n0:]: a change there runs it again for every key
-        for dep in reads[n0:]:
-            if dep not in self.glob:
-                self.glob[dep] = dep._changed_at
-
-    def _set_ext(self, key: Any, deps: tuple) -> None:
-        old = self.key_ext.pop(key, ())
-        for d in old:
-            ks = self.ext_keys.get(d)
-            if ks is not None:
-                ks.discard(key)
-                if not ks:
-                    del self.ext_keys[d]
-                    self.ext_seen.pop(d, None)
-        if deps:
-            self.key_ext[key] = deps
-            for d in deps:
-                if d not in self.ext_keys:
-                    self.ext_keys[d] = set()
-                    self.ext_seen[d] = d._changed_at
-                self.ext_keys[d].add(key)
-
-    def drop(self, key: Any) -> None:
-        if key in self.key_ext:
-            self._set_ext(key, ())
-
-
 class _OneUp(IncrMap):
-    """A map computed key by key from one upstream map."""
+    """A map computed key by key from one upstream map (its run: MapBase.drive_one_up)."""
 
-    __slots__ = ('_up', '_seen')
+    __slots__ = ()
 
-    def __init__(self, up: IncrMap, label: str) -> None:
+    def __init__(self, up: IncrMap, label: str, fn: Any, mode: int) -> None:
         IncrMap.__init__(self, up._rt, label)
         self._up = up
         self._seen = -1
+        self._fn = PerKeyFn(self, fn)
+        self._mode = mode
 
-    def _compute(self, key: Any, value: Any) -> Any:   # the new entry, or _ABSENT
+    def _compute(self, key: Any, value: Any) -> Any:   # MODE_HOOKS: the new entry, or _ABSENT
         raise NotImplementedError
 
-    def _extra(self, rt: Any) -> None:
-        pass
-
-    def _drive(self) -> MapView:
-        # (hot: _pull written out)
-        rt = self._rt
-        self._ran_from = self._log_start + len(self._log)
-        upn = self._up
-        upn._refresh()
-        ulog = upn._log
-        ustart = upn._log_start
-        uend = ustart + len(ulog)
-        seen = self._seen
-        pending = self._pending
-        if seen < ustart:     # first run, or fell behind a trimmed log: everything
-            if not self._data and self._fresh_build(rt, upn._data):
-                self._seen = uend
-                return self._view()
-            pending.update(upn._data)
-            pending.update(self._data)
-        elif seen < uend:
-            pending.update(ulog[seen - ustart:])
-        self._seen = uend
-        self._extra(rt)
-        if not pending:
-            self._track(rt)
-            return self._view()
-        up = upn._data
-        results = {}
-        deferred = None
-        # phase 1: compute (may raise: nothing changed yet, the keys stay pending)
-        for key in pending:
-            v = up.get(key, _ABSENT)
-            if v is _ABSENT:
-                results[key] = _ABSENT
-                continue
-            try:
-                results[key] = self._compute(key, v)
-            except _Deferred as e:   # an LLM generation set aside to run concurrently
-                if deferred is None:
-                    deferred = e
-        if deferred is not None:
-            raise deferred
-        # phase 2: apply
-        self._apply(results)
-        self._pending = set()
-        self._track(rt)
-        return self._view()
-
-    def _track(self, rt: Any) -> None:
-        pass
-
-    def _fresh_build(self, rt: Any, up: dict) -> bool:
-        # the node is empty and must read every upstream key: built in one comprehension
-        # where the subclass allows it (a plain function); False to go key by key
-        return False
-
-    def _install(self, data: dict) -> None:
-        # the whole content at once (the node was empty): the log restarts after it, so
-        # every consumer, being behind it, reads everything
-        end = self._log_start + len(self._log)
-        self._data = data
-        self._kind = self._up._kind
-        self._sorted = None
-        self._log = []
-        self._log_start = end + len(data)
-        self._bulk_builds += 1
-
-    def _apply(self, results: dict) -> None:
-        for key, r in results.items():
-            if r is _ABSENT:
-                self._del(key)
-                self._dropped(key)
-            else:
-                self._put(key, r)
-
-    def _dropped(self, key: Any) -> None:
-        pass
+    def _apply(self, results: dict) -> None:            # MODE_HOOKS
+        raise NotImplementedError
 
 
 class _MapNode(_OneUp):
-    __slots__ = ('_fn',)
+    __slots__ = ()
 
     def __init__(self, up: IncrMap, fn: Any) -> None:
-        _OneUp.__init__(self, up, f"{up.label}.map({_fn_label(fn)})")
-        self._fn = _PerKeyFn(self, fn)
-
-    def _extra(self, rt: Any) -> None:
-        fn = self._fn
-        if fn.ext_seen or fn.glob:
-            self._pending.update(fn.check(rt, self._up._data))
-
-    def _compute(self, key: Any, value: Any) -> Any:
-        pk = self._fn
-        if pk.is_cell:
-            return pk(self._rt, key, (key, value))
-        # a plain function (hot: _PerKeyFn.__call__ written out)
-        reads = self._rt._reads()
-        n0 = len(reads)
-        v = pk.fn(key, value)
-        if len(reads) > n0:
-            pk.note(reads, n0)
-        return v
-
-    def _fresh_build(self, rt: Any, up: dict) -> bool:
-        pk = self._fn
-        if pk.is_cell or type(self) not in (_MapNode, _FilterNode) or pk.ext_seen or pk.glob:
-            return False
-        reads = rt._reads()
-        n0 = len(reads)
-        fn = pk.fn
-        if type(self) is _MapNode:
-            data = {k: fn(k, v) for k, v in up.items()}
-        else:
-            data = {k: v for k, v in up.items() if fn(k, v)}
-        if len(reads) > n0:
-            pk.note(reads, n0)
-        self._install(data)
-        return True
-
-    def _track(self, rt: Any) -> None:
-        # what the instances run in this pass read is a dependency of the map from now on
-        ext = self._fn.ext_seen
-        if ext:
-            for dep in ext:
-                rt._read(dep)
-
-    def _dropped(self, key: Any) -> None:
-        self._fn.drop(key)
+        _OneUp.__init__(self, up, f"{up.label}.map({_fn_label(fn)})", fn, MODE_MAP)
 
 
-class _FilterNode(_MapNode):
+class _FilterNode(_OneUp):
     __slots__ = ()
 
     def __init__(self, up: IncrMap, pred: Any) -> None:
-        _OneUp.__init__(self, up, f"{up.label}.filter({_fn_label(pred)})")
-        self._fn = _PerKeyFn(self, pred)
-
-    def _compute(self, key: Any, value: Any) -> Any:
-        return value if self._fn(self._rt, key, (key, value)) else _ABSENT
+        _OneUp.__init__(self, up, f"{up.label}.filter({_fn_label(pred)})", pred, MODE_FILTER)
 
 
-class _MapKeysNode(_MapNode):
+class _MapKeysNode(_OneUp):
     __slots__ = ('_dst', '_src')
 
     def __init__(self, up: IncrMap, fn: Any) -> None:
-        _OneUp.__init__(self, up, f"{up.label}.map_keys({_fn_label(fn)})")
-        self._fn = _PerKeyFn(self, fn)
+        _OneUp.__init__(self, up, f"{up.label}.map_keys({_fn_label(fn)})", fn, MODE_HOOKS)
         self._dst: dict = {}     # upstream key -> key here
         self._src: dict = {}     # key here -> upstream key
 
@@ -909,12 +479,11 @@ class _JoinNode(IncrMap):
         return self._view()
 
 
-class _GroupByNode(_MapNode):
+class _GroupByNode(_OneUp):
     __slots__ = ('_group_of', '_members', '_gsorted', '_gver')
 
     def __init__(self, up: IncrMap, fn: Any) -> None:
-        _OneUp.__init__(self, up, f"{up.label}.group_by({_fn_label(fn)})")
-        self._fn = _PerKeyFn(self, fn)
+        _OneUp.__init__(self, up, f"{up.label}.group_by({_fn_label(fn)})", fn, MODE_HOOKS)
         self._group_of: dict = {}
         self._members: dict = {}    # group -> {key: value} (live; a Group reads it)
         self._gsorted: dict = {}    # group -> (its members dict, its keys sorted)
@@ -960,23 +529,23 @@ class _GroupByNode(_MapNode):
         return c[1]
 
 
-class Fold(_Node):
+class Fold(FoldBase):
     """A value folded from a map, kept up to date one changed key at a time: a cell with no
     arguments (``total()``, ``rt.observe(total)``, ``rt.explain(total)``)."""
 
-    __slots__ = ('_up', '_seen', '_kindname', '_keyfn', '_add', '_remove', '_acc', '_vals', '_tree')
+    __slots__ = ()   # (its fields are FoldBase's, compiled; so is its run)
 
     def __init__(self, up: IncrMap, kind: str, label: str, *, identity: Any = None,
                  op: Any = None, k: int = 0, keyfn: Any = None, add: Any = None,
                  remove: Any = None) -> None:
-        _Node.__init__(self, up._rt, label)
+        NodeBase.__init__(self, up._rt, label)
         self._up = up
         self._seen = -1
         self._kindname = kind
         self._keyfn = keyfn
         self._add, self._remove = add, remove
         self._acc = identity
-        self._vals: dict = {}
+        self._vals = {}
         self._tree = None
         if kind == "sum":
             self._tree = SumFold(identity)
@@ -990,71 +559,6 @@ class Fold(_Node):
             return self._tree.keys()
         return list(self._vals)
 
-    def _drive(self) -> Any:
-        up = self._up
-        if self._kindname == "count":
-            up._refresh()
-            return len(up._data)
-        up._refresh()
-        ulog = up._log
-        ustart = up._log_start
-        uend = ustart + len(ulog)
-        seen = self._seen
-        if seen < ustart:    # first run, or fell behind a trimmed log: everything
-            tree = self._tree
-            if type(tree) is SumFold and len(tree) == 0 and not self._pending:
-                tree.load(up._data)          # compiled, in one pass
-                self._seen = uend
-                return tree.value
-            self._pending.update(up._data)
-            self._pending.update(self._own_keys())
-        elif seen < uend:
-            self._pending.update(ulog[seen - ustart:])
-        self._seen = uend
-        data = up._data
-        keys = list(self._pending)
-        # a fresh set (popping a drained large set scans its whole table)
-        self._pending = set()
-        tree = self._tree
-        i = 0
-        try:
-            if tree is not None:
-                if self._kindname == "sum" and len(keys) == 1:   # one changed key
-                    key = keys[0]
-                    v = data.get(key, _ABSENT)
-                    if v is _ABSENT:
-                        tree.delete(key)
-                    else:
-                        tree.set(key, v)
-                    return tree.value
-                keyfn = self._keyfn if self._kindname == "top_k" else None
-                for i, key in enumerate(keys):
-                    v = data.get(key, _ABSENT)
-                    if v is _ABSENT:
-                        tree.delete(key)
-                    elif keyfn is not None:
-                        tree.set(key, v, keyfn(v))
-                    else:
-                        tree.set(key, v)
-                return tree.value
-            # fold(add, remove, init): one key at a time, committed as it goes
-            vals = self._vals
-            for i, key in enumerate(keys):
-                acc = self._acc
-                old = vals.get(key, _ABSENT)
-                new = data.get(key, _ABSENT)
-                if old is not _ABSENT:
-                    acc = self._remove(acc, key, old)
-                if new is not _ABSENT:
-                    acc = self._add(acc, key, new)
-                    vals[key] = new
-                else:
-                    vals.pop(key, None)
-                self._acc = acc
-            return self._acc
-        except BaseException:
-            self._pending.update(keys[i:])    # the rest waits for the next run
-            raise
 
 
 def input_map(rt: Any, name: str, mapping: Any = None) -> InputMap:

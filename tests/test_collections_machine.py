@@ -1,7 +1,8 @@
 """Every collection operator against plain from-scratch evaluation, after random set / delete /
 update steps, with a random pipeline drawn at the start; asserts which map instances ran (exactly
 the keys whose value changed, less those whose (key, value) instance the engine already holds)
-and the trace invariants."""
+the trace invariants, and that the map holds exactly one instance per present key (a deleted
+key's instance, and the instance of a changed key's old value, are withdrawn: rt._drop)."""
 
 from __future__ import annotations
 
@@ -105,13 +106,14 @@ class CollectionsMachine(RuleBasedStateMachine):
         self.obs = {name: self.rt.observe(node) for name, (node, _) in self.checks.items()}
         self.rt.stabilize()
         assert sorted(self.ran) == sorted(self.a)
-        self.computed = set(self.a.items())   # (key, value) instances the engine holds
+        self.f = f
         self.expect_ran = []
 
     def _expect(self, pairs):
-        # a changed key runs its own instance, unless the engine holds one for that value
-        self.expect_ran = [k for k, v in pairs if (k, v) not in self.computed]
-        self.computed.update(pairs)
+        # a changed key runs its own instance: the engine holds one instance per present key
+        # (the one for its current value), so a key set back to an earlier value runs again
+        held = set(self.a.items())
+        self.expect_ran = [k for k, v in pairs if (k, v) not in held]
 
     def _step(self):
         self.ran.clear()
@@ -157,6 +159,10 @@ class CollectionsMachine(RuleBasedStateMachine):
                 assert list(got) == sorted(want), name
                 got = dict(got.items())
             assert got == want, (name, got, want)
+        # one instance of the map's cell per present key, for its current value: nothing
+        # left behind by deleted keys or old values (memory stays bounded under churn)
+        held = sorted(i.args for i in self.rt._instances() if i.cell is self.f)
+        assert held == sorted(self.a.items()), held
         self.rt._check()
 
 
