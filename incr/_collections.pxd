@@ -74,7 +74,7 @@ cdef class MinMaxFold:
 # map / filter (plain function or incr cell) and of the folds is compiled here; the other
 # operators (map_keys, join, group_by) override the _compute/_apply hooks in Python.
 
-from incr._core cimport Cell, Runtime, Instance, Node
+from incr._core cimport Cell, Runtime, Instance, Node, Input
 
 
 cdef class PerKeyFn:
@@ -102,8 +102,13 @@ cdef class NodeBase(Cell):
 
     cdef Instance own(self)
     cdef object invoke(self, tuple args)
-    cpdef _drive(self)
-    cpdef _refresh(self)
+    cdef object drive(self)           # the run (compiled; a Python subclass overrides _drive)
+    cdef object refresh(self)         # inside a running node: bring this one up to date
+
+
+cdef class MapView:
+    cdef readonly MapBase _node
+    cdef readonly long long _version
 
 
 cdef class MapBase(NodeBase):
@@ -125,10 +130,10 @@ cdef class MapBase(NodeBase):
     cdef public object _anchor
     cdef public dict _key_inputs
 
-    cpdef bint _put(self, object key, object value) except -1
-    cpdef bint _del(self, object key) except -1
-    cpdef _emit(self, object key)
-    cpdef _view(self)
+    cdef bint put(self, object key, object value) except -1
+    cdef bint delete(self, object key) except -1
+    cdef void emit(self, object key) except *
+    cdef MapView view(self)
     cpdef _check_kind(self, object key)
     cdef object drive_one_up(self)
     cdef object compute(self, Runtime rt, object key, object value)
@@ -149,6 +154,3 @@ cdef class InputMapBase(MapBase):
     pass
 
 
-cdef class MapView:
-    cdef readonly MapBase _node
-    cdef readonly long long _version

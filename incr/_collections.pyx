@@ -15,7 +15,8 @@ from cpython.set cimport PySet_Add
 from heapq import heapify, heappop, heappush
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
 
-from incr._core cimport Cell, Runtime, Instance, Node, demand, lookup, table_for, quiet_enter
+from incr._core cimport (Cell, Runtime, Instance, Node, Input, demand, lookup, table_for,
+                        quiet_enter, set_input)
 from incr._core import EQUAL, IDENTITY, current
 from incr.errors import _Deferred
 
@@ -840,7 +841,10 @@ cdef class NodeBase(Cell):
         self._pending = set()
 
     cdef object invoke(self, tuple args):
-        # the engine runs the node: its compiled _drive, no Python frame in between
+        # the engine runs the node: its compiled run, no Python frame in between
+        return self.drive()
+
+    cdef object drive(self):
         return self._drive()
 
     cdef Instance own(self):
@@ -848,7 +852,7 @@ cdef class NodeBase(Cell):
             self.inst = <Instance>self._rt._instance(self, (), {})
         return self.inst
 
-    cpdef _drive(self):
+    def _drive(self):
         raise NotImplementedError
 
     def _demand(self):
@@ -862,9 +866,12 @@ cdef class NodeBase(Cell):
     def __call__(self):
         return self._demand()
 
-    cpdef _refresh(self):
+    cdef object refresh(self):
         # inside a running node: bring this node up to date, recording the read
         return demand(<Runtime>self._rt, self.own())
+
+    def _refresh(self):
+        return self.refresh()
 
     def __repr__(self):
         return f"<incr {type(self).__name__} {self.label}>"
@@ -872,7 +879,7 @@ cdef class NodeBase(Cell):
     def _pull(self, MapBase up, long long seen, own):
         # the keys of `up` changed since log position `seen` go to _pending; returns the
         # position to remember
-        up._refresh()
+        up.refresh()
         log = up._log
         cdef long long start = up._log_start
         cdef long long end = start + len(log)
@@ -908,7 +915,10 @@ cdef class MapBase(NodeBase):
             return None
         return self._log[pos - self._log_start:]
 
-    cpdef _emit(self, object key):
+    def _emit(self, key):
+        self.emit(key)
+
+    cdef void emit(self, object key) except *:
         cdef list log = self._log
         cdef Py_ssize_t h
         log.append(key)
@@ -925,7 +935,10 @@ cdef class MapBase(NodeBase):
                             f"str, bytes or tuples)")
         return kind
 
-    cpdef bint _put(self, object key, object value) except -1:
+    def _put(self, key, value):
+        return self.put(key, value)
+
+    cdef bint put(self, object key, object value) except -1:
         cdef dict data = self._data
         cdef PyObject *old = PyDict_GetItem(data, key)
         if old == NULL:
@@ -942,14 +955,17 @@ cdef class MapBase(NodeBase):
             except Exception:
                 pass
         data[key] = value
-        self._emit(key)
+        self.emit(key)
         return True
 
-    cpdef bint _del(self, object key) except -1:
+    def _del(self, key):
+        return self.delete(key)
+
+    cdef bint delete(self, object key) except -1:
         if self._data.pop(key, ABSENT) is ABSENT:
             return False
         self._sorted = None
-        self._emit(key)
+        self.emit(key)
         return True
 
     def _sorted_keys(self):
@@ -957,7 +973,10 @@ cdef class MapBase(NodeBase):
             self._sorted = sorted(self._data)
         return self._sorted
 
-    cpdef _view(self):
+    def _view(self):
+        return self.view()
+
+    cdef MapView view(self):
         cdef long long v = self._log_start + len(self._log)
         cdef MapView c = <MapView>self._vcache
         if c is None or c._version != v:
@@ -967,21 +986,26 @@ cdef class MapBase(NodeBase):
             self._vcache = c
         return c
 
-    cpdef _refresh(self):
+    cdef object refresh(self):
         if self._mode == M_INPUT:
             # a consumer reads the anchor itself: an input map is up to date by construction,
             # and its own cell need not run for every change
             return self._anchor.get()
         return demand(<Runtime>self._rt, self.own())
 
-    cpdef _drive(self):
+    cdef object drive(self):
         if self._mode == M_INPUT:
             self._anchor.get()
             self._ran_from = self._log_start + len(self._log)
-            return self._view()
+            return self.view()
+        if self._mode == M_OTHER:
+            return self._drive()       # a Python node (join)
+        return self.drive_one_up()
+
+    def _drive(self):
         if self._mode == M_OTHER:
             raise NotImplementedError
-        return self.drive_one_up()
+        return self.drive()
 
     # -- one upstream: map, filter, map_keys, group_by -----------------------------------------
 
@@ -1025,16 +1049,32 @@ cdef class MapBase(NodeBase):
         cdef PyObject *pv
         cdef int mode = self._mode
         self._ran_from = self._log_start + len(self._log)
-        upn._refresh()
+        upn.refresh()
         ulog = upn._log
         ustart = upn._log_start
         uend = ustart + len(ulog)
         seen = self._seen
         pending = self._pending
+        if (seen == uend - 1 and seen >= ustart and mode != M_HOOKS and not pending
+                and not pk.ext_seen and not pk.glob):
+            # one key changed upstream (the common case): computed, then applied
+            self._seen = uend
+            key = ulog[seen - ustart]
+            pv = PyDict_GetItem(upn._data, key)
+            if pv == NULL:
+                self.apply_one(key, ABSENT)
+            else:
+                try:
+                    r = self.compute(rt, key, <object>pv)
+                except BaseException:
+                    PySet_Add(pending, key)     # computed again at the next run
+                    raise
+                self.apply_one(key, r)
+            return self.view()
         if seen < ustart:     # first run, or fell behind a trimmed log: everything
             if not self._data and self._fresh_build(rt, upn._data):
                 self._seen = uend
-                return self._view()
+                return self.view()
             pending.update(upn._data)
             pending.update(self._data)
         elif seen == uend - 1:
@@ -1046,7 +1086,7 @@ cdef class MapBase(NodeBase):
             pending.update(pk.check(rt, upn._data))
         if not pending:
             self.track(rt)
-            return self._view()
+            return self.view()
         up = upn._data
         if mode != M_HOOKS and len(pending) == 1:
             # one changed key (the common case): computed, then applied
@@ -1059,7 +1099,7 @@ cdef class MapBase(NodeBase):
                 self.apply_one(key, self.compute(rt, key, <object>pv))
             pending.clear()
             self.track(rt)
-            return self._view()
+            return self.view()
         results = {}
         deferred = None
         # phase 1: compute (may raise: nothing changed yet, the keys stay pending)
@@ -1086,7 +1126,7 @@ cdef class MapBase(NodeBase):
                 self.apply_one(key, r)
         self._pending = set()   # (a drained large set would be scanned by the next pop)
         self.track(rt)
-        return self._view()
+        return self.view()
 
     cdef object compute(self, Runtime rt, object key, object value):
         # map / filter: the new entry, or ABSENT
@@ -1097,10 +1137,10 @@ cdef class MapBase(NodeBase):
 
     cdef void apply_one(self, object key, object r) except *:
         if r is ABSENT:
-            self._del(key)
+            self.delete(key)
             self._fn.drop(key)
         else:
-            self._put(key, r)
+            self.put(key, r)
 
     cdef void track(self, Runtime rt) except *:
         # what the instances run in this pass read is a dependency of the map from now on
@@ -1131,19 +1171,24 @@ cdef class InputMapBase(MapBase):
         # one set of the anchor is one revision: no batch needed (the set raises
         # ReentrancyError inside a computation, before anything changed)
         n = self._stamp + 1
-        self._anchor.set(Stamp(n))
+        cdef Stamp st = Stamp.__new__(Stamp)
+        st.n = n
+        set_input((<Input>self._anchor).rt, <Input>self._anchor, st)
         self._stamp = n
         if old == NULL:
-            self._put(key, value)
+            self.put(key, value)
             return
         data[key] = value
-        self._emit(key)
+        self.emit(key)
 
 
 cdef class FoldBase(NodeBase):
     """The compiled part of a fold (incr.collections.Fold): its run."""
 
-    cpdef _drive(self):
+    def _drive(self):
+        return self.drive()
+
+    cdef object drive(self):
         cdef MapBase up = self._up
         cdef list ulog, keys
         cdef long long ustart, uend, seen
@@ -1151,7 +1196,7 @@ cdef class FoldBase(NodeBase):
         cdef PyObject *pv
         cdef Py_ssize_t i = 0
         cdef object tree = self._tree
-        up._refresh()
+        up.refresh()
         if self._kindname == "count":
             return len(up._data)
         ulog = up._log

@@ -22,11 +22,17 @@ cdef object stabilize_pass(Runtime rt):
     if rt.llm is not None and rt.llm.listeners:
         from incr import llmnodes as _llm
         _llm.pass_started(rt)
-    for n in dict.fromkeys(rt.dirty_observed):  # once each, in the order queued
+    if len(rt.dirty_observed) == 1:      # (one observed instance: no dedup, no sort)
+        n = <Instance>rt.dirty_observed[0]
         if n.observed_by is not None:
             todo.append(n)
+    else:
+        for n in dict.fromkeys(rt.dirty_observed):  # once each, in the order queued
+            if n.observed_by is not None:
+                todo.append(n)
     rt.dirty_observed = []
-    todo.sort(key=_ts_key)
+    if len(todo) > 1:
+        todo.sort(key=_ts_key)
     errors = []
     log = []
     reused0 = rt.n_reused
