@@ -819,7 +819,11 @@ cdef void _use(object rt, Instance inst, int delta) except *:
         uses[inst] = n
         return
     uses.pop(inst, None)
-    rt._drop(inst)
+    if rt._drop(inst):
+        llm = rt.llm
+        if llm is not None:     # an incr.llm node: its bookkeeping goes with it
+            llm.nodes.pop(inst, None)
+            llm.spot.pop(inst, None)
 
 
 cdef class NodeBase(Cell):

@@ -107,6 +107,12 @@ def test_llm_node_per_document():
     docs.set("b", "three")
     rt.stabilize()
     assert calls == ["b"] and o.value == "ONE|THREE"
+    # the old value's node and a deleted document's node leave the LLM bookkeeping too
+    assert sorted(i.args for i in rt.llm.nodes) == [("a", "one"), ("b", "three")]
+    docs.delete("a")
+    rt.stabilize()
+    assert o.value == "THREE" and [i.args for i in rt.llm.nodes] == [("b", "three")]
+    rt._check()
 
 
 def test_instance_reads_other_inputs_per_key():
