@@ -12,7 +12,9 @@ from cpython.object cimport PyObject_RichCompareBool, Py_LT, Py_GT
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem
 from cpython.ref cimport PyObject
 from cpython.set cimport PySet_Add
+import inspect
 from heapq import heapify, heappop, heappush
+from types import CoroutineType
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
 
 from incr._core cimport (Cell, Runtime, Instance, Node, Input, demand, lookup, table_for,
@@ -713,6 +715,11 @@ cdef class PerKeyFn:
         self.node = node
         self.fn = fn
         self.is_cell = isinstance(fn, Cell)
+        if not self.is_cell and (inspect.iscoroutinefunction(fn)
+                                 or inspect.iscoroutinefunction(getattr(fn, "__call__", None))):
+            raise TypeError(f"{node.label}: {getattr(fn, '__qualname__', fn)!r} is an async "
+                            f"function; a map's values are never coroutines: make it an "
+                            f"@incr.cell (an async cell) or a sync function")
         self.key_ext = {}
         self.ext_keys = {}
         self.ext_seen = {}
@@ -771,6 +778,11 @@ cdef class PerKeyFn:
         v = self.fn(*args)
         if len(reads) > n0:
             self.note(reads, n0)
+        if type(v) is CoroutineType:
+            v.close()
+            raise TypeError(f"{self.node.label}: the function returned a coroutine for key "
+                            f"{key!r}; a map's values are never coroutines: make it an "
+                            f"@incr.cell (an async cell) or return the value")
         return v
 
     cdef void note(self, list reads, Py_ssize_t n0) except *:
@@ -824,6 +836,20 @@ cdef void _use(object rt, Instance inst, int delta) except *:
         if llm is not None:     # an incr.llm node: its bookkeeping goes with it
             llm.nodes.pop(inst, None)
             llm.spot.pop(inst, None)
+
+
+cdef void _no_coroutines(MapBase node, dict data) except *:
+    # a bulk build's values: a coroutine is never a value (each one is closed, none kept)
+    cdef object bad = ABSENT
+    for k, v in data.items():
+        if type(v) is CoroutineType:
+            v.close()
+            if bad is ABSENT:
+                bad = k
+    if bad is not ABSENT:
+        raise TypeError(f"{node.label}: the function returned a coroutine for key {bad!r}; a "
+                        f"map's values are never coroutines: make it an @incr.cell (an async "
+                        f"cell) or return the value")
 
 
 cdef class NodeBase(Cell):
@@ -1024,6 +1050,7 @@ cdef class MapBase(NodeBase):
         fn = pk.fn
         if self._mode == M_MAP:
             data = {k: fn(k, v) for k, v in up.items()}
+            _no_coroutines(self, data)
         else:
             data = {k: v for k, v in up.items() if fn(k, v)}
         if len(reads) > n0:

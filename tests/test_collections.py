@@ -538,3 +538,29 @@ def test_set_delete_churn_does_not_grow_memory():
     assert len([i for i in rt._instances() if i.cell is f]) == n
     # without the withdrawal: 6,000 instances of about 500 B each (3 MB)
     assert after - before < 300_000, after - before
+
+
+def test_an_async_function_is_refused_and_a_coroutine_is_never_a_value():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {"a": 1})
+
+    async def tenfold(k, v):
+        return v * 10
+
+    with pytest.raises(TypeError, match=r"m\.map\(tenfold\).*async function"):
+        m.map(tenfold)
+    made = []
+
+    def sneaky(k, v):                # a sync function that returns a coroutine
+        c = tenfold(k, v)
+        made.append(c)
+        return c
+
+    o = rt.observe(m.map(sneaky).count())
+    with pytest.raises(TypeError, match="returned a coroutine for key 'a'"):
+        rt.stabilize()               # the first run, built in bulk
+    m.set("b", 2)
+    with pytest.raises(TypeError, match="returned a coroutine for key"):
+        rt.stabilize()               # key by key
+    assert made and all(c.cr_frame is None for c in made)   # each closed, none kept
+    del o

@@ -3428,8 +3428,6 @@ def test_collections_with_a_plain_function_persist_in_the_store(tmp_path):
     assert sorted(runs) == ["a", "b"]
 
 
-@missing("m.map(async_fn) stores coroutines as the map's values (never awaited); fix: "
-         "incr/collections.py map (an async function: run it as an async cell, or TypeError)")
 def test_map_with_an_async_function_never_yields_a_coroutine(rt):
     """A coroutine is never a candidate or a value."""
     async def tenfold(k, v):
