@@ -25,7 +25,9 @@ checked node after the top); a case that passes resets it.
   generator reads its upstream nodes and whose ``@incr.validator`` runs its sync checks
   (NACK for itself, ``incr.Reject`` when blame points upstream); a composing ``@incr.cell``
   runs the downstream checks and raises ``incr.Reject(node, ...)``. ``incr_par`` is the same
-  with ``max_workers=4`` driven by ``rt.observe`` + ``rt.stabilize()``.
+  with ``max_workers=4`` driven by ``rt.observe`` + ``rt.stabilize()``, every demand of
+  several nodes made through ``incr.gather`` (the engine makes their model calls at once; the
+  calls and values are those of demanding them in order, and a test checks the runs equal).
 - ``incr_reuse``: ``incr`` with ``@incr.llm(reuse="revalidate")``: on a task with several
   instances, a node's new instance first re-validates the accepted candidate of the previous
   instance under its own validators, accepted only on that evidence; if it fails, the
@@ -43,6 +45,11 @@ Every incr arm but ``incr_norevert`` runs with the loop control of the engine's 
 monitor). Multi-instance tasks run their
 instances in turn on one meter; every arm runs each instance's loop in full.
 
+Concurrency (the wall-time run, ``Ctx.workers``): a plain arm makes the calls of one graph
+level (nodes none of which reads another) at once in threads; the incr arms run as above. Every
+call sleeps its simulated latency times the run's scale outside the meter's lock, and the
+meter counts the calls in flight (``peak_in_flight``).
+
 Flaky validators (``[validator] p_flaky``): every visible check evaluation gives the wrong
 verdict with that probability, drawn afresh each time it is evaluated (so the same candidate
 may get both verdicts).
@@ -55,6 +62,7 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import incr
 from benchmarks.feedback.sim import SimModel, prompt_for
@@ -108,6 +116,18 @@ def unit_cost(task: Task, cfg: dict) -> tuple[float, int]:
     return cost * task.instances, tokens * task.instances
 
 
+def unit_latency(task: Task, cfg: dict) -> float:
+    """Simulated seconds of one base-model first call per node, one after the other: the unit
+    of the wall-time axis (times the wall-time run's sleep scale)."""
+    m = SimModel(cfg, 0)
+    c = cfg["cost"]
+    secs = 0.0
+    for n in task.nodes:
+        _pt, ct, _c = m._tokens(prompt_for(task, n.name, 1, {}), None, ())
+        secs += c["latency_base"] + c["latency_per_answer_token"] * ct
+    return secs * task.instances
+
+
 class Ctx:
     def __init__(self, arm: str, task: Task, cfg: dict, seed: int, cap_multiple=None,
                  sleep_scale: float = 0.0):
@@ -150,6 +170,13 @@ class Ctx:
         self.phase1 = False
         self.capped = False
         self.lock = threading.Lock()
+        # concurrency: threads a plain arm uses for the independent calls of one graph level
+        # (1 = in order; the wall-time run sets more), model calls in flight now and at most
+        # (counted from the meter's grant to the end of the call's latency sleep), and a hook
+        # run in the calling thread after each call (tests put a barrier there)
+        self.workers = 1
+        self.in_flight = self.peak_in_flight = 0
+        self.after_call = None
 
     @property
     def env(self) -> int:
@@ -186,8 +213,16 @@ class Ctx:
             self.log.append((node, k, c.cost, c.tokens, self.inst, c.candidate, self.env))
             self.cur[node] = c.candidate
             self.first.setdefault(node, c.candidate)
-        if self.sleep_scale:
-            time.sleep(c.seconds * self.sleep_scale)
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if self.sleep_scale:
+                time.sleep(c.seconds * self.sleep_scale)
+            if self.after_call is not None:
+                self.after_call(node, k, self.inst)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
         return c
 
     # -- checks and blame ----------------------------------------------------------------------
@@ -265,8 +300,9 @@ def run_plain(ctx: Ctx) -> dict:
         key = (n, ctx.env, tuple(ctx.cur.get(r) for r in reads[n]),
                tuple((v.case, json.dumps(v.counterexample, sort_keys=True)) for v in fb[n]))
         if key in cache:
-            ctx.cache_hits += 1
-            ctx.cur[n] = cache[key]
+            with ctx.lock:
+                ctx.cache_hits += 1
+                ctx.cur[n] = cache[key]
             return
         gen(n, True)
         cache[key] = ctx.cur[n]
@@ -293,6 +329,35 @@ def run_plain(ctx: Ctx) -> dict:
                 stale[n] = v
         return fails, stale
 
+    depth: dict = {}
+    for n in order:
+        depth[n] = 1 + max((depth[r] for r in reads[n]), default=-1)
+    pool = None
+
+    def each(names, fn):
+        """fn(n) for the nodes ``names`` (in topological order), level by level; the nodes of
+        one level (none reads another) at once in ``ctx.workers`` threads. Their model calls
+        do not depend on the order (each call's random numbers are keyed by node and index);
+        where the meter runs out inside a level, which of them it refuses may."""
+        nonlocal pool
+        names = list(names)
+        if ctx.workers <= 1:
+            for n in names:
+                fn(n)
+            return
+        for lv in sorted({depth[n] for n in names}):
+            group = [n for n in names if depth[n] == lv]
+            if len(group) == 1:
+                fn(group[0])
+                continue
+            if pool is None:
+                pool = ThreadPoolExecutor(max_workers=ctx.workers)
+            futs = [pool.submit(fn, n) for n in group]
+            errs = [f.exception() for f in futs]
+            for e in errs:
+                if e is not None:
+                    raise e
+
     reached = [1]
 
     def one() -> tuple:
@@ -300,8 +365,7 @@ def run_plain(ctx: Ctx) -> dict:
         for n in order:
             fb[n] = []
         accepted, reason, rounds = False, None, 1
-        for n in order:
-            gen_cached(n) if arm == "cache" else gen(n, False)
+        each(order, gen_cached if arm == "cache" else (lambda n: gen(n, False)))
         changed = False
         while True:
             fails, stale = evaluate()
@@ -333,19 +397,13 @@ def run_plain(ctx: Ctx) -> dict:
             if arm in ("resample", "strong"):
                 for t in list(blamed):
                     hit.update(task.downstream(t))
-                for n in order:
-                    if n in hit:
-                        gen(n, False)
+                each([n for n in order if n in hit], lambda n: gen(n, False))
             elif arm == "whole":
-                for n in order:
-                    gen(n, n in blamed)
+                each(order, lambda n: gen(n, n in blamed))
             elif arm == "cache":
-                for n in order:
-                    gen_cached(n)
+                each(order, gen_cached)
             elif arm == "recheck":
-                for n in order:
-                    if n in blamed:
-                        gen(n, True)
+                each([n for n in order if n in blamed], lambda n: gen(n, True))
             else:
                 raise ValueError(arm)
         return accepted, reason, rounds
@@ -361,6 +419,9 @@ def run_plain(ctx: Ctx) -> dict:
                 reason = reason or why
     except BudgetSpent:
         accepted, reason = False, "budget"
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return {"accepted": accepted, "reason": None if accepted else reason,
             "final": {i: dict(ctx.curs[i]) for i in range(task.instances)},
             "rounds": min(reached[0], h["max_rounds"] + 1)}
@@ -394,6 +455,15 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
 
     acked: set = set()
 
+    def demand(names, key) -> dict:
+        """The nodes ``names`` of instance ``key``: with workers, through ``incr.gather`` (the
+        engine makes their model calls at once; values, dependencies and calls are those of
+        demanding them in order), else one after the other."""
+        names = list(names)
+        if workers > 1 and len(names) > 1:
+            return dict(zip(names, incr.gather(*[(lambda n=n: nodes[n](key)) for n in names])))
+        return {n: nodes[n](key) for n in names}
+
     def on_event(e):
         kind = type(e).__name__
         with seen_lock:
@@ -417,7 +487,7 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
         def checks(cand, key):
             env_in.get()
             here(key)
-            current = {r: nodes[r](key) for r in anc}
+            current = demand(anc, key)
             current[spec.name] = cand
             out = [incr.ACK("well_formed")]
             reject = None
@@ -451,7 +521,7 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
         def gen(key, *, previous=None, feedback=()):
             env_in.get()
             here(key)
-            current = {r: nodes[r](key) for r in spec.reads}
+            current = demand(spec.reads, key)
             if ctx.phase1 and ctx.k[(spec.name, ctx.inst)] >= 1:
                 raise RoundOver(spec.name)
             if previous is not None:
@@ -476,7 +546,7 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
             return None
         env_in.get()
         here(key)
-        current = {n.name: nodes[n.name](key) for n in task.nodes}
+        current = demand([n.name for n in task.nodes], key)
         for c in down:
             if not ctx.run_check(c, current) and not ctx.phase1:
                 target, cex = ctx.blame(c, current)
