@@ -760,3 +760,14 @@ def test_in_the_chain_family_the_visible_failure_shows_downstream_of_its_cause()
         vis_f = {c.node for c in t.visible if c.aspect == "f"}
         assert t.nodes[-1].name in vis_f and t.nodes[0].name not in vis_f, t.id
         assert all(n.embed for n in t.nodes) and all(n.reads for n in t.nodes[1:])
+
+
+def test_calls_avoided_by_pass_and_by_revalidation_are_counted_for_incr_only():
+    got = Counter()
+    for t in tasks()[::3]:
+        for arm in ("incr", "recheck"):
+            r = A.run(arm, t, CFG, 0)
+            got[arm, "pass"] += r["passes"]
+            got[arm, "reval"] += r["revalidated"]
+    assert got["incr", "pass"] > 0 and got["incr", "reval"] > 0
+    assert got["recheck", "pass"] == got["recheck", "reval"] == 0

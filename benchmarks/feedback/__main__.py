@@ -187,7 +187,7 @@ def equal_spend(rows, unit, caps, points, reps, ref="incr", rng_seed=0):
 RUN_METRICS = ("success", "wrong_accepted", "escalated", "calls", "tokens", "cost", "latency_s",
                "checks_run", "rounds", "climbs", "kept", "broken_first", "protective_broken",
                "cache_hits", "reused", "reused_accepted", "reuse_unbacked", "reverts",
-               "regressions", "rebased", "engine_rebased", "flips")
+               "regressions", "rebased", "engine_rebased", "flips", "passes", "revalidated")
 MAX_K = 6          # per-attempt tables pool attempt indices >= MAX_K
 
 
@@ -558,7 +558,8 @@ def print_all(res, w=None):
     for arm, m in runs.items():
         if arm in A.INCR_ARMS:
             w(f"{arm:<13} reused {m['reused']['mean']:.2f}  reused+accepted (calls avoided) "
-              f"{m['reused_accepted']['mean']:.2f}  accepted without an ACK "
+              f"{m['reused_accepted']['mean']:.2f}  PASS {m['passes']['mean']:.2f}  re-validated "
+              f"without a call {m['revalidated']['mean']:.2f}  accepted without an ACK "
               f"{m['reuse_unbacked']['mean']:.3f}  regressions {m['regressions']['mean']:.2f}  "
               f"reverts {m['reverts']['mean']:.2f}  retries built on an earlier revision "
               f"{m['rebased']['mean']:.2f} (the engine handed one: "
@@ -611,7 +612,11 @@ def print_all(res, w=None):
                 f"{d['wrong_accepted']:.2f} avoided {d['reused_accepted']:.2f}/{d['reused']:.2f}"
                 for arm, d in pt[t].items() if arm in ("incr", "incr_reuse")) + "\n")
     fams = list(next(iter(runs.values()))["families"])
-    w("\nsuccess per family (uncapped)\n" + f"{'arm':<13} " + " ".join(f"{f:>18}" for f in fams) + "\n")
+    cov = {f: [t["coverage"] for t in res["tasks"] if t["family"] == f] for f in fams}
+    w("\nsuccess per family (uncapped); coverage = share of aspects with a visible or protective "
+      "check, mean over the family's tasks\n" + f"{'arm':<13} " + " ".join(f"{f:>18}" for f in fams)
+      + "\n" + f"{'coverage':<13} " + " ".join(
+          f"{sum(cov[f]) / len(cov[f]) if cov[f] else 0:>18.2f}" for f in fams) + "\n")
     for arm, m in runs.items():
         w(f"{arm:<13} " + " ".join(f"{fci(m['families'][f]):>18}" for f in fams) + "\n")
     kor = res.get("keep_or_revert")

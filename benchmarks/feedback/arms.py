@@ -165,6 +165,11 @@ class Ctx:
         self.checks_run = 0
         self.climbs = 0
         self.kept = 0                # downstream candidates kept by re-validation
+        # incr arms, per node demanded by a composing pass after its first: answered with no
+        # model call and no validator run (the PASS path), or with validators only
+        # (re-validated, no model call)
+        self.passes = self.revalidated = 0
+        self.first_call_seen: set = set()
         self.cache_hits = 0
         self.levels: dict = {}
         self.phase1 = False
@@ -452,6 +457,7 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
     patience = int(ctx.cfg.get("incr", {}).get("patience", 2))
     seen: Counter = Counter()
     seen_lock = threading.Lock()
+    vruns: Counter = Counter()       # (node, key) -> validator runs
 
     acked: set = set()
 
@@ -487,6 +493,8 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
         def checks(cand, key):
             env_in.get()
             here(key)
+            with seen_lock:
+                vruns[(spec.name, key)] += 1
             current = demand(anc, key)
             current[spec.name] = cand
             out = [incr.ACK("well_formed")]
@@ -546,7 +554,16 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
             return None
         env_in.get()
         here(key)
-        current = demand([n.name for n in task.nodes], key)
+        names = [n.name for n in task.nodes]
+        before = {n: (ctx.k[(n, ctx.inst)], vruns[(n, key)]) for n in names}
+        current = demand(names, key)
+        for n in names:
+            if (n, ctx.inst) in ctx.first_call_seen and ctx.k[(n, ctx.inst)] == before[n][0]:
+                if vruns[(n, key)] == before[n][1]:
+                    ctx.passes += 1          # PASS: the candidate back with no call, no check
+                else:
+                    ctx.revalidated += 1     # re-validated (validators ran), no model call
+            ctx.first_call_seen.add((n, ctx.inst))
         for c in down:
             if not ctx.run_check(c, current) and not ctx.phase1:
                 target, cex = ctx.blame(c, current)
@@ -711,6 +728,7 @@ def score(ctx: Ctx, out: dict) -> dict:
         "latency_s": round(ctx.seconds, 4), "checks_run": ctx.checks_run,
         "rounds": out["rounds"], "climbs": ctx.climbs, "kept": ctx.kept,
         "cache_hits": ctx.cache_hits, "capped": ctx.capped, "flips": ctx.flips,
+        "passes": ctx.passes, "revalidated": ctx.revalidated,
         "reused": ctx.reused, "reused_accepted": ctx.reused_accepted,
         "reuse_unbacked": ctx.reuse_unbacked,
         "reverts": ctx.events.get("Reverted", 0), "regressions": ctx.events.get("Regression", 0),
