@@ -610,6 +610,18 @@ def test_a_real_model_run_goes_through_the_sdk_over_http(tmp_path, monkeypatch, 
     assert hidden and not any(f'case {h}' in wire or f'"{h}"' in wire for h in hidden)
     # tokens are the server's usage figures
     assert sum(m["tokens"]["mean"] * m["runs"] for m in res["runs"].values()) > 0
+    # every call is transcribed: one line per request, with what was sent and the reply
+    tr = [json.loads(x) for x in out.with_suffix(".transcripts.jsonl").read_text().splitlines()]
+    assert len(tr) == len(srv.requests)
+    assert {x["arm"] for x in tr} == {"single", "recheck", "incr", "incr_norevert"}
+    assert {x["task"] for x in tr} == set(picked) and {x["seed"] for x in tr} == {0}
+    sent = [next(m["content"] for m in b["messages"] if m["role"] == "user")
+            for _p, _h, b in srv.requests]
+    assert sorted(x["user"] for x in tr) == sorted(sent)
+    replies = {x["reply"] for x in tr}
+    assert all(r.startswith("{") for r in replies)
+    assert any(x["feedback"] and x["previous"] for x in tr)
+    assert not any(f["case"] in hidden for x in tr for f in x["feedback"])
     # the fake fixes what feedback names: the loops with feedback beat one pass
     assert res["runs"]["incr"]["success"]["mean"] > res["runs"]["single"]["success"]["mean"]
 
@@ -771,3 +783,23 @@ def test_calls_avoided_by_pass_and_by_revalidation_are_counted_for_incr_only():
             got[arm, "reval"] += r["revalidated"]
     assert got["incr", "pass"] > 0 and got["incr", "reval"] > 0
     assert got["recheck", "pass"] == got["recheck", "reval"] == 0
+
+
+def test_the_page_blocks_are_the_committed_results():
+    """docs/evaluation.md's result blocks are what the committed results.json prints (filled
+    by ``python -m benchmarks.feedback.page``), and the results come from a clean commit with
+    the pre-registered config and the page's task set."""
+    from benchmarks.feedback import page
+
+    res = json.loads(page.RESULTS.read_text())
+    text = page.PAGE.read_text()
+    assert page.BLOCK.findall(text), "the page has no result blocks"
+    assert page.render(text, res) == text, "run: python -m benchmarks.feedback.page"
+    assert res["config_sha256"] == _SHA and res["deviations"] == []
+    assert not res["git_commit"].endswith("+dirty") and res["simulated"] is True
+    assert len(res["tasks"]) == len(tasks()) and len(res["arms"]) == len(A.ARMS)
+    n_seeds = res["seeds"][1] - res["seeds"][0] + 1
+    assert n_seeds == CFG["harness"]["seeds"]
+    assert all(m["runs"] == n_seeds * len(tasks()) for m in res["runs"].values())
+    for stale in ("ten tasks", "2,000 task runs", "1,600"):
+        assert stale not in text

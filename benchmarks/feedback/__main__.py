@@ -783,6 +783,11 @@ def _main(a, argv, real) -> int:
     out = Path(a.out) if a.out else HERE / ("results-real.json" if real is not None else
                                             "results-quick.json" if a.quick else "results.json")
     out.write_text(json.dumps(res, indent=1) + "\n")
+    if real is not None:
+        tr = out.with_suffix(".transcripts.jsonl")
+        tr.write_text("".join(json.dumps(x, sort_keys=True, default=str) + "\n"
+                              for x in real.transcript))
+        print(f"{len(real.transcript)} model calls transcribed in {tr}")
     plot = a.plot or (None if a.quick or real is not None else
                       str(ROOT / "docs" / "evaluation.svg"))
     if plot:

@@ -138,7 +138,7 @@ class Ctx:
             raise ValueError("the strong arm is the simulated stronger model: with a real "
                              "model, leave it out of --arms")
         else:
-            self.model = REAL_MODEL.for_run(cfg)
+            self.model = REAL_MODEL.for_run(cfg, arm=arm, seed=seed, task=task.id)
         h = cfg["harness"]
         self.unit, self.unit_tokens = unit_cost(task, cfg)
         mult = cap_multiple
