@@ -803,3 +803,17 @@ def test_the_page_blocks_are_the_committed_results():
     assert all(m["runs"] == n_seeds * len(tasks()) for m in res["runs"].values())
     for stale in ("ten tasks", "2,000 task runs", "1,600"):
         assert stale not in text
+
+
+def test_every_preregistered_parameter_is_read_or_refused():
+    """A parameter in config.toml that the harness ignored would be a false record: each is
+    read somewhere in benchmarks/feedback, and the one with a single implemented value
+    refuses any other."""
+    import pathlib
+
+    src = "".join(p.read_text() for p in pathlib.Path(bench.HERE).glob("*.py"))
+    for sec, vals in CFG.items():
+        for key in vals:
+            assert f'"{key}"' in src, f"[{sec}] {key} is never read"
+    with pytest.raises(SystemExit, match="upstream_change_after_round"):
+        bench.load_config(overrides=["harness.upstream_change_after_round=2"])

@@ -36,6 +36,12 @@ def load_config(path=CONFIG, overrides=()):
         if sec not in cfg or name not in cfg[sec]:
             raise SystemExit(f"--set {item}: no such parameter")
         cfg[sec][name] = type(cfg[sec][name])(json.loads(val))
+    if cfg["harness"].get("upstream_change_after_round", 1) != 1:
+        # every arm changes the request after its first round (plain loops: after the first
+        # evaluation; incr: after a pass holding every node to its first answer); another
+        # round is not implemented, and a value the harness ignored would be a false record
+        raise SystemExit(f"harness.upstream_change_after_round = "
+                         f"{cfg['harness']['upstream_change_after_round']}: only 1 is implemented")
     return cfg, hashlib.sha256(raw).hexdigest()
 
 

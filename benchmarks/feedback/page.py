@@ -7,7 +7,8 @@ The page marks each block it takes from the run with ``<!-- results:NAME -->`` .
 ``<!-- /results -->``; between them goes the section NAME of what ``python -m
 benchmarks.feedback`` printed for that run (``__main__.print_all`` on the saved results, so
 the page and the output cannot drift apart), in a fenced block, or for ``counts`` one line.
-Nothing else on the page is touched.
+``config`` is the configuration the run used (from the results, values only). Nothing else on
+the page is touched.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def sections(res: dict) -> dict:
         for name, head in SECTIONS.items():
             if chunk.startswith(head):
                 out[name] = chunk
+    out["config"] = "\n".join(
+        f"[{sec}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in vals.items())
+        for sec, vals in res["config"].items()) + (
+        "\ndeviations: " + ", ".join(res["deviations"]) if res["deviations"] else "")
     n_arms, n_tasks = len(res["arms"]), len(res["tasks"])
     seeds = res["seeds"][1] - res["seeds"][0] + 1
     out["counts"] = (f"seeds {res['seeds'][0]}–{res['seeds'][1]}, {n_tasks} tasks, {n_arms} arms: "
