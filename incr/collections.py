@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from incr._collections import FoldTree, MinMaxFold, Stamp, SumFold
 from incr._core import EQUAL, Cell, Input, current, untracked
+from incr._core import _refuse_coroutine_function as _refuse_async_fn
 from incr.errors import _Deferred
 from incr.keys import register_type
 
@@ -379,14 +380,19 @@ class IncrMap(_Node):
         """``{key: fn(key, value)}``: one computation per key. With an incr cell (or an
         ``@incr.llm`` node), one instance ``fn(key, value)`` per key; a changed key demands its
         own instance only, a deleted key drops its entry."""
+        if not isinstance(fn, Cell):
+            # a plain function is called from sync code (an async one: @incr.cell async def)
+            _refuse_async_fn(fn, f"{self.label}.map: fn (make it an @incr.cell async def)")
         return _MapNode(self, fn)
 
     def filter(self, pred: Callable[[Any, Any], Any]) -> IncrMap:
         """The entries for which ``pred(key, value)`` is true."""
+        _refuse_async_fn(pred, f"{self.label}.filter: pred")
         return _FilterNode(self, pred)
 
     def map_keys(self, fn: Callable[[Any], Any]) -> IncrMap:
         """``{fn(key): value}``; ``fn`` must not map two present keys to one (ValueError)."""
+        _refuse_async_fn(fn, f"{self.label}.map_keys: fn")
         return _MapKeysNode(self, fn)
 
     def join(self, other: IncrMap, how: str = "inner") -> IncrMap:
@@ -398,6 +404,7 @@ class IncrMap(_Node):
         """``{group: Group}`` with ``group = fn(key, value)``: each ``Group`` is a read-only
         mapping of that group's entries in key order, kept up to date in O(1) per changed
         key (it reads the group as it is now; ``dict(group)`` takes a snapshot)."""
+        _refuse_async_fn(fn, f"{self.label}.group_by: fn")
         return _GroupByNode(self, fn)
 
     def sum(self, start: Any = 0) -> Fold:
@@ -422,6 +429,8 @@ class IncrMap(_Node):
         ``heapq.nlargest(k, m.items(), key=...)``)."""
         if not isinstance(k, int) or k < 0:
             raise ValueError(f"top_k: k must be an int >= 0, got {k!r}")
+        if key is not None:
+            _refuse_async_fn(key, f"{self.label}.top_k: key")
         label = f"{self.label}.top_k({k}" + (f", key={_fn_label(key)})" if key else ")")
         return Fold(self, "top_k", label, k=k, keyfn=key)
 
@@ -430,6 +439,7 @@ class IncrMap(_Node):
         associative. Kept in a balanced tree: one changed key costs O(log n) calls of op."""
         if not callable(op):
             raise TypeError(f"reduce: op must be callable, got {op!r}")
+        _refuse_async_fn(op, f"{self.label}.reduce: op")
         return Fold(self, "reduce", f"{self.label}.reduce({_fn_label(op)})", op=op,
                     identity=identity)
 
@@ -440,6 +450,8 @@ class IncrMap(_Node):
         again). O(1) calls per changed key; ``remove`` must undo ``add``."""
         if not (callable(add) and callable(remove)):
             raise TypeError("fold: add and remove must be callable")
+        _refuse_async_fn(add, f"{self.label}.fold: add")
+        _refuse_async_fn(remove, f"{self.label}.fold: remove")
         return Fold(self, "fold", f"{self.label}.fold({_fn_label(add)}, {_fn_label(remove)})",
                     add=add, remove=remove, identity=init)
 

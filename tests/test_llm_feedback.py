@@ -203,7 +203,9 @@ def test_ping_pong_is_bounded_by_the_blamed_nodes_budget(rt):
     assert rt.state(node, 0).status == "failed"
 
 
-def test_reject_of_something_that_is_not_a_node_propagates(rt):
+def test_reject_of_something_that_is_not_a_node_is_a_type_error(rt):
+    """A Reject names the LLM node whose candidate is wrong; a plain cell cannot generate again,
+    so blaming one is a TypeError (raised where the Reject is made), not a NACK."""
     @incr.cell
     def plain():
         return 1
@@ -214,8 +216,9 @@ def test_reject_of_something_that_is_not_a_node_propagates(rt):
         raise incr.Reject(plain, case="x")
 
     with rt:
-        with pytest.raises(incr.Reject):
+        with pytest.raises(TypeError, match="must be the LLM node.*plain cell"):
             bad()
+        assert plain() == 1                       # the runtime stays usable
 
 
 def test_regression_cases_are_fed_back_and_rechecked(rt):
@@ -424,10 +427,11 @@ def test_an_outside_verdict_incr_cannot_keep_is_refused_before_anything_changes(
 
 @pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
 def test_a_validator_verdict_incr_cannot_keep_becomes_unknown(tmp_path, store):
-    """A validator that yields a verdict incr cannot record (a case that is not a str, a
-    payload with neither an encoding nor a repr, a reason that is not a str) gets UNKNOWN in its
-    place, with a reason naming the problem; its other verdicts count; nothing crashes, and the
-    state is stored and read back."""
+    """A validator that yields a verdict incr cannot record (a payload with neither an
+    encoding nor a repr) gets UNKNOWN in its place, with a reason naming the problem; one that
+    makes a verdict with a bad text field (a case or reason that is not a str: a TypeError where
+    the verdict is made) raised, which is UNKNOWN too; its other verdicts count; nothing
+    crashes, and the state is stored and read back."""
     import warnings
 
     path = str(tmp_path / "s") if store else None
@@ -436,9 +440,8 @@ def test_a_validator_verdict_incr_cannot_keep_becomes_unknown(tmp_path, store):
     @incr.validator(version="1")
     def sloppy(candidate, k):
         yield incr.ACK("fine")
-        yield incr.NACK(7, counterexample="x")                   # case: not a str
         yield incr.ACK("shown", evidence=NoRepr())
-        yield incr.UNKNOWN("why", reason=3)
+        yield incr.UNKNOWN("why", reason=3)                      # reason: not a str (raises)
 
     @incr.llm(validators=[sloppy], version="1", budget=incr.Budget(max_attempts=1))
     def node(k, *, previous=None, feedback=()):
@@ -450,11 +453,9 @@ def test_a_validator_verdict_incr_cannot_keep_becomes_unknown(tmp_path, store):
     assert e.value.reason == "unknown"                          # UNKNOWN, never NACK or ACK
     checks = rt.state(node, 0).checks
     got = {(k[2], v.kind): getattr(v, "reason", "") for k, v in checks.items()}
-    assert set(got) == {("fine", "ACK"), ("*", "UNKNOWN"), ("shown", "UNKNOWN"),
-                        ("why", "UNKNOWN")}
-    assert "unusable NACK: case must be a str" in got[("*", "UNKNOWN")]
+    assert set(got) == {("fine", "ACK"), ("*", "UNKNOWN"), ("shown", "UNKNOWN")}
+    assert "raised TypeError: incr.UNKNOWN: reason must be a str" in got[("*", "UNKNOWN")]
     assert "unusable ACK: evidence is" in got[("shown", "UNKNOWN")]
-    assert "unusable UNKNOWN: reason must be a str" in got[("why", "UNKNOWN")]
     rt._check()
     rt.close()
     if store:
