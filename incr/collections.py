@@ -71,6 +71,16 @@ def _key_kind(key: Any, where: str) -> str:
     return kind
 
 
+def _pairs(mapping: Any, where: str) -> dict:
+    """``dict(mapping)`` for a mapping or an iterable of (key, value) pairs; anything else is a
+    TypeError naming ``where`` (checked before anything changes)."""
+    try:
+        return dict(mapping.items() if hasattr(mapping, "items") else mapping)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{where}: needs a mapping or an iterable of (key, value) pairs, got "
+                        f"{type(mapping).__name__} {mapping!r:.60} ({e})") from None
+
+
 def _fn_label(fn: Any) -> str:
     q = getattr(fn, "qualname_label", None) or getattr(fn, "__qualname__", None) \
         or getattr(fn, "__name__", None) or repr(fn)
@@ -469,13 +479,12 @@ class InputMap(IncrMap):
     def __init__(self, rt: Any, name: str, mapping: Any = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"input_map needs a non-empty str name, got {name!r}")
+        data = None if mapping is None else _pairs(mapping, f"input_map {name!r}")
         self._stamp = 0
         self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
         IncrMap.__init__(self, rt, name)
         self._key_inputs: dict = {}
-        if mapping is not None:
-            items = mapping.items() if hasattr(mapping, "items") else mapping
-            data = dict(items)
+        if data is not None:
             kinds = {type(k) for k in data}
             if len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple"):
                 # one simple key type (the common case): checked once, not per key
@@ -519,7 +528,11 @@ class InputMap(IncrMap):
     def set(self, key: Any, value: Any) -> None:
         """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
         data = self._data
-        old = data.get(key, _ABSENT)
+        try:
+            old = data.get(key, _ABSENT)
+        except TypeError:                       # unhashable: say which map and which key
+            _key_kind(key, f"input_map {self.label!r}: set")
+            raise
         if old is not _ABSENT:
             if old is value or _same(old, value):
                 return
@@ -549,7 +562,12 @@ class InputMap(IncrMap):
 
     def delete(self, key: Any) -> None:
         """Remove ``key`` (KeyError if it is not there)."""
-        if key not in self._data:
+        try:
+            there = key in self._data
+        except TypeError:                       # unhashable: say which map and which key
+            _key_kind(key, f"input_map {self.label!r}: delete")
+            raise
+        if not there:
             raise KeyError(key)
         with self._rt.batch():
             self._bump()
@@ -559,8 +577,12 @@ class InputMap(IncrMap):
     def update(self, mapping: Any = (), *, delete: Any = ()) -> None:
         """Set every ``(key, value)`` of ``mapping`` and remove every key of ``delete``
         (missing ones are ignored; a key in both ends up removed), as one revision."""
-        items = list(mapping.items() if hasattr(mapping, "items") else mapping)
-        gone = set(delete)
+        items = list(_pairs(mapping, f"input_map {self.label!r}: update").items())
+        try:
+            gone = set(delete)
+        except TypeError as e:
+            raise TypeError(f"input_map {self.label!r}: update: delete= needs an iterable of keys, got "
+                            f"{delete!r:.60} ({e})") from None
         changed = [(k, v) for k, v in items
                    if k not in gone and not _same(self._data.get(k, _ABSENT), v)]
         dels = [k for k in gone if k in self._data]

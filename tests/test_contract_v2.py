@@ -3183,9 +3183,6 @@ def test_input_map_api(rt):
         rt.input_map("m", {})
 
 
-@missing("garbage keys and mappings give Python's own errors, naming neither the map nor the "
-         "argument ('unhashable type: list', \"'int' object is not iterable\"); fix: "
-         "incr/collections.py InputMap.__init__/set (check the mapping and the key first)")
 @pytest.mark.parametrize("bad", ["list_key", "mapping_int"])
 def test_input_map_garbage_names_the_map_and_argument(rt, bad):
     """Keys are encodable scalars or tuples of them. ... Bad arguments raise `TypeError` or
