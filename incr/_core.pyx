@@ -97,6 +97,14 @@ def _note_async():
     _async_defined = True
 
 
+cdef bint _effects_defined = False     # an @incr.effect exists: reads from one are checked
+
+
+def _note_effect():
+    global _effects_defined
+    _effects_defined = True
+
+
 cdef inline bint _loop_running():
     return _get_running_loop() is not None
 

@@ -72,6 +72,8 @@ cdef object demand(Runtime rt, Instance n):
     elif rt.frames:
         if PyThread_get_thread_ident() != rt.owner:
             raise IncrError(rt._other_thread())
+        if _effects_defined and (<Frame>rt.frames[len(rt.frames) - 1]).node.cell.is_effect:
+            return demand_for_effect(rt, n)
         if not (n.flags & (F_RUNNING | F_VERIFYING)):
             record_read(rt, n)  # (an edge into a cycle is never recorded)
     elif other_busy(rt):
@@ -89,6 +91,23 @@ cdef object demand(Runtime rt, Instance n):
     if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
         return n.value
     return demand_cold(rt, n)
+
+
+cdef object demand_for_effect(Runtime rt, Instance n):
+    # A read by a running @incr.effect: n's value is handed over only if every LLM node it
+    # rests on (n itself, or any instance it depends on, transitively) is stable -- accepted
+    # with evidence, not "unvalidated"; otherwise IncrError, and the effect's run fails (it
+    # runs again at its next demand). The read is recorded either way, so the effect is
+    # stale again when what it read changes.
+    if not (n.flags & (F_RUNNING | F_VERIFYING)):
+        record_read(rt, n)
+    if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
+        value = n.value
+    else:
+        value = demand_cold(rt, n)
+    from incr import llmnodes as _llm
+    _llm.effect_read(rt, (<Frame>rt.frames[len(rt.frames) - 1]).node, n)
+    return value
 
 
 cdef object demand_cold(Runtime rt, Instance n):

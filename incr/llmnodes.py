@@ -2318,15 +2318,54 @@ def _absorb_reject(rt, e: Reject):
 # --- effects ---------------------------------------------------------------------------------
 
 
-def effect(fn=None, /, *, version=None):
-    """A cell with effects in the world (sending, writing). It reads only accepted candidates
-    (an LLM node returns nothing else), a later withdrawal of those candidates does not undo
-    it, and it runs again only when what it read changes."""
+def effect(fn=None, /, *, version=None, allow_unvalidated=False):
+    """A cell with effects in the world (sending, writing). It runs only once every LLM node
+    it depends on is stable: a read (of an LLM node, or of a cell resting on one, at any
+    depth) hands the effect its value only if each of those nodes is accepted with evidence;
+    a node that failed raises its NotAccepted, and one accepted with no ACK ("unvalidated": no
+    validators) raises IncrError -- unless ``allow_unvalidated=True``. The effect's run then
+    fails (nothing it did after that read happens) and runs again at its next demand. A later
+    withdrawal of what it read does not undo it; it runs again only when what it read
+    changes."""
+    if not isinstance(allow_unvalidated, bool):
+        raise TypeError(f"incr.effect: allow_unvalidated must be a bool, got "
+                        f"{_short(allow_unvalidated)}")
+
     def make(f):
         c = Cell(f, version=version, cutoff=EQUAL, local=True)   # never on a remote worker
         c._incr_effect = True
+        c._incr_allow_unvalidated = allow_unvalidated
+        c.is_effect = True
+        _core._note_effect()
         return c
     return make if fn is None else make(fn)
+
+
+def effect_read(rt, effect_inst, n) -> None:
+    """Called by the core when the running effect ``effect_inst`` reads ``n`` (its value is
+    up to date): IncrError if an LLM node that ``n`` is or rests on is not stable (see
+    ``effect``). O(instances ``n`` rests on), paid by effects only."""
+    book = rt.llm
+    if book is None:
+        return                                   # no LLM node has run on this runtime
+    allow = getattr(effect_inst.cell, "_incr_allow_unvalidated", False)
+    seen, todo = set(), [n]
+    while todo:
+        m = todo.pop()
+        if m in seen or not isinstance(m, Instance):
+            continue                             # inputs rest on nothing
+        seen.add(m)
+        if m.cell.is_llm and not allow:
+            st = book.nodes.get(m)
+            if st is not None and st.status == "stable" and not _acked_now(st):
+                via = "" if m is n else f" (through {n.label_text})"
+                raise IncrError(
+                    f"incr.effect {effect_inst.label_text} reads {m.label_text}{via}, which is "
+                    f"accepted without any ACK (status 'unvalidated': no validator checked "
+                    f"it); an effect runs only on stable LLM nodes, so it did not run. Give "
+                    f"{m.cell.qualname_label} a validator, ACK the candidate with rt.ack(...), "
+                    f"or declare @incr.effect(allow_unvalidated=True)")
+        todo.extend(m._deps)
 
 
 # --- persistence: the node's state in the store (kind-2 records in the ``nodes`` DB) ---------

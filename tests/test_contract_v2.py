@@ -2056,9 +2056,6 @@ def test_effect_runs_once_and_is_not_undone(rt):
     assert sent == ["v0", "v1"]              # its input (the candidate) changed
 
 
-@missing("an @incr.effect runs on a node whose status is 'unvalidated' (no validators), not "
-         "'stable'; docs/api.md says instead 'it reads only accepted candidates'; fix: "
-         "incr/llmnodes.py effect (or reword API.md)")
 def test_effect_runs_only_when_every_llm_dependency_is_stable(rt):
     """`@incr.effect` ... runs only once every LLM node it depends on is stable"""
     sent = []

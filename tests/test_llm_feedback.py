@@ -289,7 +289,11 @@ def test_effect_runs_behind_accepted_candidates_and_again_only_on_change(rt, log
     g = Gen("draft 1", "draft 2")
     sent = []
 
-    @incr.llm(version="e")
+    @incr.validator(version="1")
+    def polite(candidate, x):
+        return incr.ACK("polite")
+
+    @incr.llm(validators=[polite], version="e")
     def email(x, *, previous=None, feedback=()):
         return g(x, previous=previous, feedback=feedback)
 
@@ -305,6 +309,48 @@ def test_effect_runs_behind_accepted_candidates_and_again_only_on_change(rt, log
         rt.nack(email, 0, revision=1, case="tone", counterexample="too curt")
         send(0)
     assert sent == ["draft 1", "draft 2"]
+
+
+def test_effect_does_not_run_on_an_unvalidated_node_even_through_a_cached_cell(rt):
+    """An effect runs only once every LLM node it depends on is stable: a node with no
+    validators is "unvalidated", so reading it -- directly, or through a plain cell computed
+    earlier outside the effect -- fails the effect's run before it gets the value; an ACK
+    makes the node stable and the effect then runs once; allow_unvalidated=True opts out."""
+    g = Gen("draft", "other")
+    sent, also = [], []
+
+    @incr.llm(version="u")
+    def email(x, *, previous=None, feedback=()):
+        return g(x, previous=previous, feedback=feedback)
+
+    @incr.cell
+    def subject(x):
+        return email(x).upper()
+
+    @incr.effect
+    def send(x):
+        sent.append(subject(x))
+        return 1
+
+    @incr.effect(allow_unvalidated=True)
+    def send_anyway(x):
+        also.append(email(x))
+        return 1
+
+    with rt:
+        assert subject(0) == "DRAFT"                 # computed (and cached) outside the effect
+        with pytest.raises(incr.IncrError, match=r"unvalidated.*allow_unvalidated"):
+            send(0)
+        assert sent == []
+        assert rt.state(email, 0).status == "unvalidated"
+        rt.ack(email, 0, revision=1, case="human-review")
+        assert rt.state(email, 0).status == "stable"
+        send(0)
+        send(0)
+        send_anyway(0)
+    assert sent == ["DRAFT"] and also == ["draft"] and len(g.calls) == 1
+    with pytest.raises(TypeError, match="allow_unvalidated"):
+        incr.effect(allow_unvalidated="yes")
 
 
 def test_effect_does_not_run_when_its_node_is_not_accepted(rt):
