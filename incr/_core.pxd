@@ -242,6 +242,7 @@ cdef void check_usable(Runtime rt) except *
 cdef bint elsewhere(Runtime rt, Node n)
 cdef void enter(Runtime rt) except *
 cdef void leave(Runtime rt)
+cdef void debug_check(Runtime rt)            # the debug build (INCR_DEBUG): invariants, or abort
 cdef void apply_pending(Runtime rt)
 cdef long long quiet_enter(Runtime rt)
 cdef void owe(Runtime rt, list todo)

@@ -229,6 +229,21 @@ cdef void leave(Runtime rt):
     rt.busy_depth -= 1
     if rt.busy_depth == 0:
         rt.busy_thread = 0
+        if INCR_DEBUG and not rt.closed:
+            debug_check(rt)
+
+
+cdef void debug_check(Runtime rt):
+    # The debug build only: the invariants after a top-level operation, or abort.
+    try:
+        check(rt)
+    except AssertionError as e:
+        import sys, traceback
+        sys.stderr.write("incr (debug build): an invariant is broken after a top-level "
+                         f"operation:\n{e}\n")
+        traceback.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+        abort()
 
 
 cdef void apply_pending(Runtime rt):
