@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from incr._collections import FoldTree, MinMaxFold, Stamp, SumFold
 from incr._core import EQUAL, Cell, Input, current, untracked
+from incr._core import _refuse_coroutine_function as _refuse_async_fn
 from incr.errors import _Deferred
 from incr.keys import register_type
 
@@ -68,6 +69,16 @@ def _key_kind(key: Any, where: str) -> str:
         for k in key:
             _key_kind(k, where)
     return kind
+
+
+def _pairs(mapping: Any, where: str) -> dict:
+    """``dict(mapping)`` for a mapping or an iterable of (key, value) pairs; anything else is a
+    TypeError naming ``where`` (checked before anything changes)."""
+    try:
+        return dict(mapping.items() if hasattr(mapping, "items") else mapping)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{where}: needs a mapping or an iterable of (key, value) pairs, got "
+                        f"{type(mapping).__name__} {mapping!r:.60} ({e})") from None
 
 
 def _fn_label(fn: Any) -> str:
@@ -379,14 +390,19 @@ class IncrMap(_Node):
         """``{key: fn(key, value)}``: one computation per key. With an incr cell (or an
         ``@incr.llm`` node), one instance ``fn(key, value)`` per key; a changed key demands its
         own instance only, a deleted key drops its entry."""
+        if not isinstance(fn, Cell):
+            # a plain function is called from sync code (an async one: @incr.cell async def)
+            _refuse_async_fn(fn, f"{self.label}.map: fn (make it an @incr.cell async def)")
         return _MapNode(self, fn)
 
     def filter(self, pred: Callable[[Any, Any], Any]) -> IncrMap:
         """The entries for which ``pred(key, value)`` is true."""
+        _refuse_async_fn(pred, f"{self.label}.filter: pred")
         return _FilterNode(self, pred)
 
     def map_keys(self, fn: Callable[[Any], Any]) -> IncrMap:
         """``{fn(key): value}``; ``fn`` must not map two present keys to one (ValueError)."""
+        _refuse_async_fn(fn, f"{self.label}.map_keys: fn")
         return _MapKeysNode(self, fn)
 
     def join(self, other: IncrMap, how: str = "inner") -> IncrMap:
@@ -398,6 +414,7 @@ class IncrMap(_Node):
         """``{group: Group}`` with ``group = fn(key, value)``: each ``Group`` is a read-only
         mapping of that group's entries in key order, kept up to date in O(1) per changed
         key (it reads the group as it is now; ``dict(group)`` takes a snapshot)."""
+        _refuse_async_fn(fn, f"{self.label}.group_by: fn")
         return _GroupByNode(self, fn)
 
     def sum(self, start: Any = 0) -> Fold:
@@ -422,6 +439,8 @@ class IncrMap(_Node):
         ``heapq.nlargest(k, m.items(), key=...)``)."""
         if not isinstance(k, int) or k < 0:
             raise ValueError(f"top_k: k must be an int >= 0, got {k!r}")
+        if key is not None:
+            _refuse_async_fn(key, f"{self.label}.top_k: key")
         label = f"{self.label}.top_k({k}" + (f", key={_fn_label(key)})" if key else ")")
         return Fold(self, "top_k", label, k=k, keyfn=key)
 
@@ -430,6 +449,7 @@ class IncrMap(_Node):
         associative. Kept in a balanced tree: one changed key costs O(log n) calls of op."""
         if not callable(op):
             raise TypeError(f"reduce: op must be callable, got {op!r}")
+        _refuse_async_fn(op, f"{self.label}.reduce: op")
         return Fold(self, "reduce", f"{self.label}.reduce({_fn_label(op)})", op=op,
                     identity=identity)
 
@@ -440,6 +460,8 @@ class IncrMap(_Node):
         again). O(1) calls per changed key; ``remove`` must undo ``add``."""
         if not (callable(add) and callable(remove)):
             raise TypeError("fold: add and remove must be callable")
+        _refuse_async_fn(add, f"{self.label}.fold: add")
+        _refuse_async_fn(remove, f"{self.label}.fold: remove")
         return Fold(self, "fold", f"{self.label}.fold({_fn_label(add)}, {_fn_label(remove)})",
                     add=add, remove=remove, identity=init)
 
@@ -457,13 +479,12 @@ class InputMap(IncrMap):
     def __init__(self, rt: Any, name: str, mapping: Any = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"input_map needs a non-empty str name, got {name!r}")
+        data = None if mapping is None else _pairs(mapping, f"input_map {name!r}")
         self._stamp = 0
         self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
         IncrMap.__init__(self, rt, name)
         self._key_inputs: dict = {}
-        if mapping is not None:
-            items = mapping.items() if hasattr(mapping, "items") else mapping
-            data = dict(items)
+        if data is not None:
             kinds = {type(k) for k in data}
             if len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple"):
                 # one simple key type (the common case): checked once, not per key
@@ -507,7 +528,11 @@ class InputMap(IncrMap):
     def set(self, key: Any, value: Any) -> None:
         """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
         data = self._data
-        old = data.get(key, _ABSENT)
+        try:
+            old = data.get(key, _ABSENT)
+        except TypeError:                       # unhashable: say which map and which key
+            _key_kind(key, f"input_map {self.label!r}: set")
+            raise
         if old is not _ABSENT:
             if old is value or _same(old, value):
                 return
@@ -537,7 +562,12 @@ class InputMap(IncrMap):
 
     def delete(self, key: Any) -> None:
         """Remove ``key`` (KeyError if it is not there)."""
-        if key not in self._data:
+        try:
+            there = key in self._data
+        except TypeError:                       # unhashable: say which map and which key
+            _key_kind(key, f"input_map {self.label!r}: delete")
+            raise
+        if not there:
             raise KeyError(key)
         with self._rt.batch():
             self._bump()
@@ -547,8 +577,12 @@ class InputMap(IncrMap):
     def update(self, mapping: Any = (), *, delete: Any = ()) -> None:
         """Set every ``(key, value)`` of ``mapping`` and remove every key of ``delete``
         (missing ones are ignored; a key in both ends up removed), as one revision."""
-        items = list(mapping.items() if hasattr(mapping, "items") else mapping)
-        gone = set(delete)
+        items = list(_pairs(mapping, f"input_map {self.label!r}: update").items())
+        try:
+            gone = set(delete)
+        except TypeError as e:
+            raise TypeError(f"input_map {self.label!r}: update: delete= needs an iterable of keys, got "
+                            f"{delete!r:.60} ({e})") from None
         changed = [(k, v) for k, v in items
                    if k not in gone and not _same(self._data.get(k, _ABSENT), v)]
         dels = [k for k in gone if k in self._data]

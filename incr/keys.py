@@ -36,6 +36,13 @@ def register_type(cls: type, encode: Callable[[Any], Any], decode: Callable[[Any
         raise TypeError(f"register_type({cls.__qualname__}): encode and decode must be callable")
     if cls in _BUILTIN:
         raise ValueError(f"register_type: {cls.__name__} already has a canonical form")
+    import inspect
+    for what, f in (("encode", encode), ("decode", decode)):
+        if inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(
+                getattr(type(f), "__call__", None)):
+            raise TypeError(f"register_type({cls.__qualname__}): {what} "
+                            f"{getattr(f, '__qualname__', f)!r} is an async function; it must be "
+                            f"a plain def (a coroutine is never an encoding)")
     _registry[cls] = (f"{cls.__module__}.{cls.__qualname__}", encode, decode)
 
 

@@ -429,3 +429,19 @@ def test_min_max_fold_int_path_and_tree_fallback(kind):
     s2 = MinMaxFold(kind)
     s2.set("a", True)                      # a bool is not an int here: tree from the start
     assert s2.mode == "tree" and s2.value is True
+
+
+def test_bad_mapping_or_key_names_the_map_and_changes_nothing():
+    """Garbage given to an input map is a TypeError naming the map; nothing changed: the name
+    is not reserved by a refused declaration, and a refused set/delete/update leaves the map
+    and rt.revision as they were."""
+    rt = incr.Runtime()
+    with pytest.raises(TypeError, match="input_map 'm'"):
+        rt.input_map("m", 3)
+    m = rt.input_map("m", {"a": 1})              # the name was not taken by the refusal
+    rev = rt.revision
+    for bad in (lambda: m.set([1], 2), lambda: m.delete({}), lambda: m.update(7),
+                lambda: m.update({"b": 2}, delete=5)):
+        with pytest.raises(TypeError, match="'m'"):
+            bad()
+    assert dict(m.items()) == {"a": 1} and rt.revision == rev
