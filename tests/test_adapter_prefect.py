@@ -486,7 +486,9 @@ def test_a_killed_worker_leaves_store_and_trace_usable(prefect_api, tmp_path, ki
                PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS),
                                            os.environ.get("PYTHONPATH", "")]))
     child = subprocess.run(
-        [sys.executable, "-c", ("import importlib, sys; importlib.import_module(sys.argv[1])"
+        # (conftest first: it maps incr.adapters to this checkout's adapters/, as in the parent)
+        [sys.executable, "-c", ("import importlib, sys, conftest; "
+                                "importlib.import_module(sys.argv[1])"
                                 "._child(sys.argv[2], sys.argv[3])"),
          __name__, kind, path],
         env=env, capture_output=True, text=True, timeout=240, check=False)
