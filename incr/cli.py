@@ -274,14 +274,36 @@ def ui_cmd(path: str, port: int, out, open_browser: bool = False) -> int:
     return 0
 
 
+def _progress_bar(command: str, description: str, asked: bool | None):
+    """A bar on stderr for ``command`` when wanted (--progress, INCR_PROGRESS, or stderr is a
+    terminal); without rich, a clear line only when --progress asked for it."""
+    from incr import progress
+    try:
+        return progress.bar(description, asked=asked, transient=False)
+    except ImportError as e:
+        if asked:
+            print(f"incr {command}: --progress: {e}; going on without it", file=sys.stderr)
+        return progress.bar(description, asked=False)
+
+
 def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_json: bool,
-           out, compact: bool = False) -> int:
+           out, compact: bool = False, progress: bool | None = None) -> int:
     from incr.store import collect, compact as compact_store
 
     store = _open_store(path)
+    bar = _progress_bar("gc", "gc: reading entries", progress)
+
+    def told(phase: str, done: int, total: int | None) -> None:
+        if phase == "read":
+            bar.update(completed=done, total=total, detail=f"{done} entries read")
+        else:
+            bar.update(completed=done, total=total, description="gc: dropping",
+                       detail=f"{done} of {total} dropped")
     try:
-        result = collect(store, keep_runs=keep_runs, max_bytes=max_bytes, dry_run=dry_run)
+        result = collect(store, keep_runs=keep_runs, max_bytes=max_bytes, dry_run=dry_run,
+                         progress=told)
     finally:
+        bar.close()
         store.close()
     if compact and not dry_run:   # (after close: compacting needs the store to itself)
         before, after = compact_store(path)
@@ -354,6 +376,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="then shrink data.mdb to what it holds (not with --dry-run; "
                            "refused while another process has the store open)")
     p_gc.add_argument("--json", action="store_true", help="print the result as JSON")
+    p_gc.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a progress bar on stderr (default: when stderr is a terminal, or "
+                           "INCR_PROGRESS=1; needs rich: pip install 'incr[progress]')")
     return parser
 
 
@@ -380,7 +405,7 @@ def main(argv=None) -> int:
             if args.keep_runs < 1:
                 parser.error("--keep-runs must be at least 1")
             return gc_cmd(args.store, args.keep_runs, args.max_bytes, args.dry_run, args.json,
-                          out, compact=args.compact)
+                          out, compact=args.compact, progress=args.progress)
     except incr.StoreError as e:
         print(f"incr {args.command}: {e}", file=sys.stderr)
         return 1
