@@ -213,7 +213,8 @@ def inspect_cmd(path: str, as_json: bool, out) -> int:
     return 0
 
 
-def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool = False) -> int:
+def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool = False,
+              max_layout: int | None = None) -> int:
     from incr import graph
 
     store = _open_store(path)
@@ -221,8 +222,9 @@ def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool =
         if fmt == "html":
             # the page shows the current instances; its toggle, the superseded ones too
             # (with --all: everything, no toggle)
-            snap = graph.snapshot(store, all_versions=all_versions)
-            alt = graph.snapshot(store, all_versions=True) \
+            limit = graph.MAX_LAYOUT if max_layout is None else max_layout or None
+            snap = graph.snapshot(store, all_versions=all_versions, max_layout=limit)
+            alt = graph.snapshot(store, all_versions=True, max_layout=limit) \
                 if snap["superseded"] and not all_versions else None
             g = snap["graph"]
         else:
@@ -232,7 +234,7 @@ def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool =
     if fmt == "json":
         text = json.dumps(g, indent=2) + "\n"
     elif fmt == "html":
-        if snap["layout_error"]:
+        if snap["layout_error"] == graph.DOT_MISSING:   # (over --max-layout: the list)
             raise graph.GraphvizMissing(snap["layout_error"])
         text = graph.page(path, snap, alt)
     elif fmt == "svg":
@@ -249,11 +251,13 @@ def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool =
     return 0
 
 
-def ui_cmd(path: str, port: int, out, open_browser: bool = False) -> int:
-    from incr import ui
+def ui_cmd(path: str, port: int, out, open_browser: bool = False,
+           max_layout: int | None = None) -> int:
+    from incr import graph, ui
 
     try:
-        server = ui.serve(path, port)
+        server = ui.serve(path, port, max_layout=graph.MAX_LAYOUT if max_layout is None
+                          else max_layout or None)
     except OSError as e:
         print(f"incr ui: cannot listen on 127.0.0.1:{port}: {e.strerror}; choose another "
               f"port with --port N (0: any free one)", file=sys.stderr)
@@ -326,6 +330,10 @@ def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_j
     return 0
 
 
+MAX_LAYOUT_HELP = ("above N nodes the page lists them instead of drawing them (Graphviz takes "
+                   "minutes on thousands of nodes; default 1500; 0: always draw)")
+
+
 def _parser() -> argparse.ArgumentParser:
     """incr's command line: every subcommand and option has a help text."""
     parser = argparse.ArgumentParser(prog="incr", description="incremental computation for Python")
@@ -355,6 +363,8 @@ def _parser() -> argparse.ArgumentParser:
                               "and html need Graphviz's dot program)")
     p_graph.add_argument("--json", action="store_true", help="same as --format json")
     p_graph.add_argument("-o", "--output", metavar="FILE", help="write to FILE")
+    p_graph.add_argument("--max-layout", type=int, default=None, metavar="N",
+                         help=MAX_LAYOUT_HELP + " (--format html)")
     p_graph.add_argument("--all", action="store_true",
                          help="also draw superseded instances (an older version of a function "
                               "with the same arguments), dashed")
@@ -363,6 +373,7 @@ def _parser() -> argparse.ArgumentParser:
     p_ui.add_argument("--port", type=int, default=8765, metavar="N",
                       help="serve on 127.0.0.1:N (default 8765; 0: any free port)")
     p_ui.add_argument("--open", action="store_true", help="also open the page in a browser")
+    p_ui.add_argument("--max-layout", type=int, default=None, metavar="N", help=MAX_LAYOUT_HELP)
     p_gc = sub.add_parser("gc", help="drop entries the latest runs cannot reach")
     p_gc.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
     p_gc.add_argument("--keep-runs", type=int, default=1, metavar="N",
@@ -398,9 +409,10 @@ def main(argv=None) -> int:
             return inspect_cmd(args.store, args.json, out)
         if args.command == "graph":
             return graph_cmd(args.store, "json" if args.json else args.format, args.output, out,
-                             all_versions=args.all)
+                             all_versions=args.all, max_layout=args.max_layout)
         if args.command == "ui":
-            return ui_cmd(args.store, args.port, out, open_browser=args.open)
+            return ui_cmd(args.store, args.port, out, open_browser=args.open,
+                          max_layout=args.max_layout)
         if args.command == "gc":
             if args.keep_runs < 1:
                 parser.error("--keep-runs must be at least 1")
