@@ -353,3 +353,27 @@ def test_above_max_layout_the_page_lists_the_nodes(store, browser):
     with open(html, encoding="utf-8") as f:
         text = f.read()
     assert "nodes are more than" in text and "<svg" not in text.split("<script", 1)[0]
+
+
+def test_on_a_large_store_details_are_read_when_a_node_is_clicked(store, browser):
+    """Above lazy_details nodes (here 0: every store is large) the snapshot leaves the details
+    out and the page asks for a node's on click: the same verdicts as the full page shows."""
+    from incr import ui as ui_mod
+    server = ui_mod.serve(store, 0, lazy_details=0)
+    try:
+        snap = json.loads(_get(server.url + "api/snapshot?all=0"))
+        assert snap["lazy_details"] is True and snap["details"] == {}
+        g = snap["graph"]
+        llm = next(i for i, n in g["nodes"].items() if n["label"] == "write_sql('q')")
+        page = browser.new_page()
+        page.goto(server.url)
+        wait_ready(page)
+        page.locator(f'[id="{llm}"]').first.click()
+        page.wait_for_selector(f'#details[data-id="{llm}"]', timeout=60_000)
+        text = page.locator("#details").inner_text()
+        assert "sql_checks" in text and "Verdicts on the current candidate" in text
+        missing = json.loads(_get(server.url + "api/details?all=0&id=nope"))
+        assert "not in the store's trace" in missing["error"]
+    finally:
+        server.shutdown()
+        server.server_close()
