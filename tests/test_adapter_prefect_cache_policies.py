@@ -959,7 +959,7 @@ class TestTaskCaching:
         assert len(caught) == 1
         error_msg = str(caught[0].message)
         assert "foo is not cached" in error_msg
-        assert "lock_obj" in error_msg
+        assert "argument lock_obj is a lock, which incr cannot use as a key" in error_msg
         assert "incr.register_type" in error_msg
         assert 'INCR_KEY - "lock_obj"' in error_msg
         assert "cache_policy=NO_CACHE" in error_msg
