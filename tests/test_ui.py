@@ -343,6 +343,13 @@ def test_above_max_layout_the_page_lists_the_nodes(store, browser):
         msg = page.locator("#nodot").inner_text()
         assert f"{len(g['nodes'])} nodes are more than" in msg and "--max-layout" in msg
         assert page.locator("#nodot button").count() == len(g["nodes"])
+        labels = page.locator("#nodot button").all_inner_texts()
+        initials = [t.split(": ", 1)[1][0].lower() for t in labels]
+        assert initials == sorted(initials), labels                   # sorted by name
+        page.fill("#filter", "write_sql")
+        assert page.locator("#nodot button:visible").all_inner_texts() == ["llm: write_sql('q')"]
+        page.fill("#filter", "")
+        assert page.locator("#nodot button:visible").count() == len(g["nodes"])
         page.locator("#nodot button", has_text="write_sql('q')").click()
         assert "sql_checks" in page.locator("#details").inner_text()
     finally:
