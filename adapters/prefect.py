@@ -44,7 +44,7 @@ import threading
 import types
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 try:
@@ -69,7 +69,8 @@ __all__ = [
     "task_identity",
 ]
 
-_KEY_FORMAT = "prefect-1"      # bump when what goes into a key changes: old keys then miss
+_KEY_FORMAT = "prefect-2"      # bump when what goes into a key changes: old keys then miss
+                               # (2: arguments keyed by name, so f(x=1) and f(y=1) differ)
 
 
 # --- identity of the code a task runs --------------------------------------------------------
@@ -216,6 +217,10 @@ def _describe(fn: Callable, version: Any, follow_globals: bool) -> tuple[list | 
             d.function(body)
         return [_KEY_FORMAT, "cell", ident, None if version is None else str(version),
                 d.parts], []
+    if version is None and not isinstance(getattr(fn, "__code__", None), types.CodeType):
+        # a callable object (or anything else without Python code): incr cannot name what it
+        # runs, and keying it by its type would give two different objects one key
+        return None, [f"{fn!r} (it has no Python code to fingerprint)"]
     d = _Describer(follow_globals, _package(getattr(fn, "__module__", None)))
     d.function(fn, version)
     if not d.exact:
@@ -284,21 +289,36 @@ class IncrCachePolicy(CachePolicy):
       followed.
     - ``follow_globals``: also key on the module-level names the code reads (default True).
     - ``hash``: ``"xxh3_128"`` (default) or ``"blake2b"``, as for ``incr.Runtime``.
+    - ``exclude``: argument names left out of the key, as for Prefect's ``Inputs``; written
+      ``INCR_KEY - "client"`` (a new policy; ``self`` for a method whose instance does not
+      matter). Subtract before adding: Prefect's compound policy passes a subtraction to its
+      ``Inputs`` members only, so ``(INCR_KEY + RUN_ID) - "x"`` still keys ``x`` (a miss or
+      a warning, never a wrong hit); write ``(INCR_KEY - "x") + RUN_ID``.
 
-    Combines with Prefect's policies like any other: ``INCR_KEY + RUN_ID`` caches within one
-    flow run only. Raises nothing: a key that cannot be made is ``None`` (Prefect then runs the
-    task and does not cache it).
+    Arguments are keyed by name and value (``f(x=1)`` and ``f(y=1)`` are two keys; ``f(1, 2)``
+    and ``f(b=2, a=1)`` one, as Prefect binds them). Combines with Prefect's policies like any
+    other: ``INCR_KEY + RUN_ID`` caches within one flow run only; ``.configure(key_storage=,
+    lock_manager=, isolation_level=)`` works as for Prefect's own. Raises nothing: a key that
+    cannot be made is ``None`` (Prefect then runs the task and does not cache it).
     """
 
     version: Any = None
     follow_globals: bool = True
     hash: str = "xxh3_128"
+    exclude: list[str] = field(default_factory=list)
+
+    def __sub__(self, other: str) -> IncrCachePolicy:
+        if not isinstance(other, str):
+            raise TypeError(f"IncrCachePolicy: only an argument name (a str) can be "
+                            f"subtracted, got {other!r}")
+        return replace(self, exclude=[*self.exclude, other])
 
     def compute_key(self, task_ctx: Any, inputs: dict[str, Any] | None,
                     flow_parameters: dict[str, Any] | None, **kwargs: Any) -> str | None:
-        if not task_ctx:
-            return None
-        return self.key_for(task_ctx.task.fn, inputs or {})
+        fn = getattr(task_ctx, "task", None) if task_ctx else None
+        if fn is None:
+            return None     # no task to key the code of (Prefect's Inputs would key inputs)
+        return self.key_for(fn, inputs or {})
 
     def key_for(self, fn: Callable, parameters: dict[str, Any]) -> str | None:
         """The key of calling ``fn`` with ``parameters`` (Prefect's name -> value mapping).
@@ -307,7 +327,7 @@ class IncrCachePolicy(CachePolicy):
         """
         if isinstance(fn, prefect.Task):
             fn = fn.fn
-        label = getattr(fn, "__qualname__", repr(fn))
+        label = getattr(fn, "__qualname__", None) or repr(fn)
         desc, unnamed = _describe(fn, self.version, self.follow_globals)
         if desc is None:
             _warn_once(("closure", label),
@@ -317,24 +337,30 @@ class IncrCachePolicy(CachePolicy):
                        f"(IncrCachePolicy(version=...)) and bump it when that value changes")
             return None
         sig = _signature(fn)
-        names = list(sig.parameters) if sig is not None else sorted(parameters)
-        args = tuple(parameters[n] for n in names if n in parameters)
+        order = list(sig.parameters) if sig is not None else []
+        # by name, in signature order, then any other name Prefect passed (sorted): a
+        # positional tuple would give f(x=1) and f(y=1) one key
+        names = [n for n in order if n in parameters]
+        names += sorted(n for n in parameters if n not in set(order))
+        names = [n for n in names if n not in self.exclude]
+        args = tuple((n, parameters[n]) for n in names)
         try:
             args_b = _keys.encode(args, "arguments")
         except TypeError:
             for n in names:
-                if n in parameters:
-                    try:
-                        _keys.encode(parameters[n], n)
-                    except TypeError as e:
-                        why = str(e)
-                        try:  # the engine's message names the argument and the way out
-                            _keys.normalize_args(label, (n,), (parameters[n],))
-                        except TypeError as named:
-                            why = str(named)
-                        _warn_once(("arg", label, n),
-                                   f"incr.adapters.prefect: task {label} is not cached: {why}")
-                        break
+                try:
+                    _keys.encode(parameters[n], n)
+                except TypeError as e:
+                    why = str(e)
+                    try:  # the engine's message names the argument and the way out
+                        _keys.normalize_args(label, (n,), (parameters[n],))
+                    except TypeError as named:
+                        why = str(named)
+                    _warn_once(("arg", label, n),
+                               f"incr.adapters.prefect: task {label} is not cached: {why}. "
+                               f"Or leave it out of the key: cache_policy=INCR_KEY - "
+                               f"\"{n}\"; or never cache this task: cache_policy=NO_CACHE")
+                    break
             return None
         ident = _keys.digest("cell", _keys.encode(desc, "task identity"), self.hash).hex()
         return _keys.instance_key(ident, args_b, self.hash).hex()

@@ -279,6 +279,9 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", default="", help="comma-separated peers: " + ", ".join(PEERS))
     ap.add_argument("--no-probe", action="store_true", help="skip the recursion-limit probe")
     ap.add_argument("--out", default=None, help="where to write the JSON results")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="a progress bar on stderr, rows done of the plan (default: when "
+                         "stderr is a terminal, or INCR_PROGRESS=1; needs rich)")
     args = ap.parse_args(argv)
 
     only = {k for k in args.only.split(",") if k}
@@ -315,14 +318,26 @@ def main(argv=None) -> int:
     timeout = 120 if args.quick else 600
     t_start = time.perf_counter()
     rows: list[dict] = []
-    for item in workloads.plan(args.quick):
+    plan = [item for item in workloads.plan(args.quick)
+            if not only or item.workload.kind in only]
+    todo = sum(1 for item in plan for peer in item.peers
+               if not peer_filter or peer in peer_filter)
+    from incr import progress
+    try:
+        bar = progress.bar("benchmarks", todo, asked=args.progress, redirect=True)
+    except ImportError as e:
+        if args.progress:
+            print(f"--progress: {e}; going on without it", file=sys.stderr)
+        bar = progress.bar("benchmarks", todo, asked=False)
+    done = 0
+    for item in plan:
         wl = item.workload
-        if only and wl.kind not in only:
-            continue
         group = []
         for peer in item.peers:
             if peer_filter and peer not in peer_filter:
                 continue
+            bar.update(completed=done, detail=f"{wl.kind} {wl.size} {peer}")
+            done += 1
             cmd = ["run", wl.kind, str(wl.size), peer] + (["quick"] if args.quick else [])
             if peer in unavailable:
                 row = {"status": "skipped", "ok": False,
@@ -340,6 +355,8 @@ def main(argv=None) -> int:
         rows.extend(group)
         for line in render(table_rows(group)).splitlines()[2:]:
             print(line, flush=True)
+    bar.update(completed=done, detail="")
+    bar.close()
 
     probes = {}
     if not args.no_probe and (not only or "chain" in only):

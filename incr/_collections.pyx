@@ -12,7 +12,6 @@ from cpython.object cimport PyObject_RichCompareBool, Py_LT, Py_GT
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem
 from cpython.ref cimport PyObject
 from cpython.set cimport PySet_Add
-import inspect
 from heapq import heapify, heappop, heappush
 from types import CoroutineType
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
@@ -714,12 +713,7 @@ cdef class PerKeyFn:
             raise TypeError(f"{node.label}: expected a function or an incr cell, got {fn!r}")
         self.node = node
         self.fn = fn
-        self.is_cell = isinstance(fn, Cell)
-        if not self.is_cell and (inspect.iscoroutinefunction(fn)
-                                 or inspect.iscoroutinefunction(getattr(fn, "__call__", None))):
-            raise TypeError(f"{node.label}: {getattr(fn, '__qualname__', fn)!r} is an async "
-                            f"function; a map's values are never coroutines: make it an "
-                            f"@incr.cell (an async cell) or a sync function")
+        self.is_cell = isinstance(fn, Cell)   # (an async function: refused by the operator)
         self.key_ext = {}
         self.ext_keys = {}
         self.ext_seen = {}
@@ -1196,7 +1190,11 @@ cdef class InputMapBase(MapBase):
             if <object>old is value or _same(<object>old, value):
                 return
         else:
-            self._check_kind(key)
+            try:
+                self._check_kind(key)
+            except TypeError:       # not a key (unhashable included): say which map and key
+                _key_kind(key, f"input_map {self.label!r}: set")
+                raise
         if key in self._key_inputs:
             return self._set_batched(key, value)
         # one set of the anchor is one revision: no batch needed (the set raises

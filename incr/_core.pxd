@@ -129,6 +129,8 @@ cdef class Cell:
                                      # async cell; an incr.llm node with async calls)
     cdef public bint is_llm          # an incr.llm node: adoption from the store asks incr.llmnodes
     cdef public bint local           # never shipped to an executor (Runtime(executor=...))
+    cdef public bint is_effect       # an @incr.effect: what it reads must rest on stable LLM
+                                     # nodes only (demand_for_effect, _core_demand.pxi)
     cdef Runtime cached_rt           # the runtime whose table was looked up last
     cdef dict cached_table
 
@@ -233,12 +235,14 @@ cdef Instance lookup(Runtime rt, Cell c, dict table, tuple bound, bint create)
 cdef dict table_for(Runtime rt, Cell cell)
 cdef object demand(Runtime rt, Instance n)          # the hit path
 cdef object demand_cold(Runtime rt, Instance n)     # the cold path
+cdef object demand_for_effect(Runtime rt, Instance n)  # a read by a running @incr.effect
 cdef object settle(Runtime rt, Instance n, object body)
 cdef bint absorb_reject(Runtime rt, BaseException e) except -1
 cdef void check_usable(Runtime rt) except *
 cdef bint elsewhere(Runtime rt, Node n)
 cdef void enter(Runtime rt) except *
 cdef void leave(Runtime rt)
+cdef void debug_check(Runtime rt)            # the debug build (INCR_DEBUG): invariants, or abort
 cdef void apply_pending(Runtime rt)
 cdef long long quiet_enter(Runtime rt)
 cdef void owe(Runtime rt, list todo)

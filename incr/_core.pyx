@@ -25,6 +25,7 @@ _core_schedule (run ahead), _core_store, _core_explain. The record codec is incr
 
 import contextvars
 cimport cython
+from libc.stdlib cimport abort
 import inspect
 import time
 
@@ -95,6 +96,29 @@ cdef str _SUSPEND_MSG = (
 def _note_async():
     global _async_defined
     _async_defined = True
+
+
+# The debug build (INCR_DEBUG=1 pip install -e . / python setup.py build_ext --inplace): after
+# every top-level operation (a demand, a stabilize, an async operation), the trace's invariants
+# are checked (check(), _core_explain.pxi) and a broken one aborts the process with the list
+# of what is broken -- like UVLOOP_DEBUG. The release build compiles the test away.
+cdef extern from *:
+    """
+    #ifndef INCR_DEBUG
+    #define INCR_DEBUG 0
+    #endif
+    """
+    const bint INCR_DEBUG
+
+DEBUG = bool(INCR_DEBUG)
+
+
+cdef bint _effects_defined = False     # an @incr.effect exists: reads from one are checked
+
+
+def _note_effect():
+    global _effects_defined
+    _effects_defined = True
 
 
 cdef inline bint _loop_running():

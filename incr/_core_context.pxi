@@ -99,6 +99,7 @@ def gather(*thunks):
         if not callable(t):
             raise TypeError(f"incr.gather() takes functions of no arguments (lambda: cell(x)), "
                             f"got {t!r}")
+        _refuse_coroutine_function(t, "incr.gather(): the thunk")
     cdef Runtime rt = <Runtime>current()
     if rt.prefetch is not None and rt.prefetch.reading and rt.prefetch.is_worker():
         return _Gather(thunks).each()   # a generator running ahead: its reads are logged

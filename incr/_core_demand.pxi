@@ -72,6 +72,8 @@ cdef object demand(Runtime rt, Instance n):
     elif rt.frames:
         if PyThread_get_thread_ident() != rt.owner:
             raise IncrError(rt._other_thread())
+        if _effects_defined and (<Frame>rt.frames[len(rt.frames) - 1]).node.cell.is_effect:
+            return demand_for_effect(rt, n)
         if not (n.flags & (F_RUNNING | F_VERIFYING)):
             record_read(rt, n)  # (an edge into a cycle is never recorded)
     elif other_busy(rt):
@@ -81,9 +83,31 @@ cdef object demand(Runtime rt, Instance n):
             check_usable(rt)
         if rt.failed and not rt.keep_failed:
             rt.failed.clear()  # a new top-level pass: failed instances run again
+        if rt.llm is not None and rt.llm.spot:
+            # LLM nodes with recheck_every= whose spot check is due are withdrawn first, as
+            # at the start of stabilize(): a node demanded without an observer is checked too
+            from incr import llmnodes as _llm
+            _llm.spot_checks(rt)
     if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
         return n.value
     return demand_cold(rt, n)
+
+
+cdef object demand_for_effect(Runtime rt, Instance n):
+    # A read by a running @incr.effect: n's value is handed over only if every LLM node it
+    # rests on (n itself, or any instance it depends on, transitively) is stable -- accepted
+    # with evidence, not "unvalidated"; otherwise IncrError, and the effect's run fails (it
+    # runs again at its next demand). The read is recorded either way, so the effect is
+    # stale again when what it read changes.
+    if not (n.flags & (F_RUNNING | F_VERIFYING)):
+        record_read(rt, n)
+    if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
+        value = n.value
+    else:
+        value = demand_cold(rt, n)
+    from incr import llmnodes as _llm
+    _llm.effect_read(rt, (<Frame>rt.frames[len(rt.frames) - 1]).node, n)
+    return value
 
 
 cdef object demand_cold(Runtime rt, Instance n):
@@ -205,6 +229,21 @@ cdef void leave(Runtime rt):
     rt.busy_depth -= 1
     if rt.busy_depth == 0:
         rt.busy_thread = 0
+        if INCR_DEBUG and not rt.closed:
+            debug_check(rt)
+
+
+cdef void debug_check(Runtime rt):
+    # The debug build only: the invariants after a top-level operation, or abort.
+    try:
+        check(rt)
+    except AssertionError as e:
+        import sys, traceback
+        sys.stderr.write("incr (debug build): an invariant is broken after a top-level "
+                         f"operation:\n{e}\n")
+        traceback.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+        abort()
 
 
 cdef void apply_pending(Runtime rt):

@@ -27,6 +27,18 @@ IDENTITY = _CutoffPolicy("IDENTITY")
 NEVER = _CutoffPolicy("NEVER")
 
 
+def _refuse_coroutine_function(fn, what):
+    """TypeError for a coroutine function (or an object whose ``__call__`` is one) where incr
+    calls ``fn`` from sync code and uses its result: the coroutine it would return is truthy,
+    never awaited, and never a value (a cutoff would call every change "unchanged")."""
+    for f in (fn, getattr(type(fn), "__call__", None)):
+        if f is not None and (inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)):
+            name = getattr(fn, "__qualname__", None) or repr(fn)
+            raise TypeError(f"{what} {name!r} is an async function; it must be a plain def "
+                            f"(incr calls it from sync code and uses its result; a coroutine "
+                            f"is never a value)")
+
+
 cdef extern from "math.h":
     bint signbit(double x) nogil
 
@@ -209,6 +221,14 @@ cdef class Cell:
         qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
         self.name = f"{module}.{qual}"
         self.qualname_label = qual.rsplit("<locals>.", 1)[-1]  # labels are for people
+        if version is not None and (type(version) is bool
+                                    or not isinstance(version, (str, int))):
+            # the version names the definition across processes (its repr goes into every
+            # stored key): an object whose repr differs per process would never match
+            raise TypeError(
+                f"incr.cell {qual}: version must be a str or an int (it names this definition "
+                f"in the store, across processes), got {version!r} "
+                f"({type(version).__qualname__})")
         self.version = version
         if cutoff is EQUAL:
             self.cutoff_kind = C_EQUAL
@@ -217,6 +237,7 @@ cdef class Cell:
         elif cutoff is NEVER:
             self.cutoff_kind = C_NEVER
         elif callable(cutoff):
+            _refuse_coroutine_function(cutoff, f"incr.cell {qual}: cutoff")
             self.cutoff_kind = C_CALLABLE
         else:
             raise TypeError(
@@ -469,6 +490,7 @@ cdef class Observer:
         """
         if not callable(callback):
             raise TypeError(f"on_change needs a callable, got {callback!r}")
+        _refuse_coroutine_function(callback, f"Observer.on_change of {self.node.label()}: callback")
         self.callbacks.append(callback)
         return callback
 

@@ -115,9 +115,12 @@ cdef class Runtime:
     def input(self, str name, value=None):
         """Declare the input ``name`` with its first value. Names are unique within a runtime.
 
-        Raises ValueError if ``name`` was declared before, TypeError if it is not a str.
+        Raises ValueError if ``name`` was declared before, TypeError if it is not a str,
+        ReentrancyError inside a running cell (inputs are declared between computations).
         """
         check_usable(self)
+        if self.frames and PyThread_get_thread_ident() == self.owner:
+            raise ReentrancyError(self._reentrancy(f"declare input {name!r}"))
         if name in self.inputs:
             raise ValueError(f"input {name!r} is already declared on this runtime")
         if not name:

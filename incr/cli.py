@@ -213,7 +213,8 @@ def inspect_cmd(path: str, as_json: bool, out) -> int:
     return 0
 
 
-def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool = False) -> int:
+def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool = False,
+              max_layout: int | None = None) -> int:
     from incr import graph
 
     store = _open_store(path)
@@ -221,8 +222,9 @@ def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool =
         if fmt == "html":
             # the page shows the current instances; its toggle, the superseded ones too
             # (with --all: everything, no toggle)
-            snap = graph.snapshot(store, all_versions=all_versions)
-            alt = graph.snapshot(store, all_versions=True) \
+            limit = graph.MAX_LAYOUT if max_layout is None else max_layout or None
+            snap = graph.snapshot(store, all_versions=all_versions, max_layout=limit)
+            alt = graph.snapshot(store, all_versions=True, max_layout=limit) \
                 if snap["superseded"] and not all_versions else None
             g = snap["graph"]
         else:
@@ -232,7 +234,7 @@ def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool =
     if fmt == "json":
         text = json.dumps(g, indent=2) + "\n"
     elif fmt == "html":
-        if snap["layout_error"]:
+        if snap["layout_error"] == graph.DOT_MISSING:   # (over --max-layout: the list)
             raise graph.GraphvizMissing(snap["layout_error"])
         text = graph.page(path, snap, alt)
     elif fmt == "svg":
@@ -249,11 +251,13 @@ def graph_cmd(path: str, fmt: str, output: str | None, out, all_versions: bool =
     return 0
 
 
-def ui_cmd(path: str, port: int, out, open_browser: bool = False) -> int:
-    from incr import ui
+def ui_cmd(path: str, port: int, out, open_browser: bool = False,
+           max_layout: int | None = None) -> int:
+    from incr import graph, ui
 
     try:
-        server = ui.serve(path, port)
+        server = ui.serve(path, port, max_layout=graph.MAX_LAYOUT if max_layout is None
+                          else max_layout or None)
     except OSError as e:
         print(f"incr ui: cannot listen on 127.0.0.1:{port}: {e.strerror}; choose another "
               f"port with --port N (0: any free one)", file=sys.stderr)
@@ -274,14 +278,36 @@ def ui_cmd(path: str, port: int, out, open_browser: bool = False) -> int:
     return 0
 
 
+def _progress_bar(command: str, description: str, asked: bool | None):
+    """A bar on stderr for ``command`` when wanted (--progress, INCR_PROGRESS, or stderr is a
+    terminal); without rich, a clear line only when --progress asked for it."""
+    from incr import progress
+    try:
+        return progress.bar(description, asked=asked, transient=False)
+    except ImportError as e:
+        if asked:
+            print(f"incr {command}: --progress: {e}; going on without it", file=sys.stderr)
+        return progress.bar(description, asked=False)
+
+
 def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_json: bool,
-           out, compact: bool = False) -> int:
+           out, compact: bool = False, progress: bool | None = None) -> int:
     from incr.store import collect, compact as compact_store
 
     store = _open_store(path)
+    bar = _progress_bar("gc", "gc: reading entries", progress)
+
+    def told(phase: str, done: int, total: int | None) -> None:
+        if phase == "read":
+            bar.update(completed=done, total=total, detail=f"{done} entries read")
+        else:
+            bar.update(completed=done, total=total, description="gc: dropping",
+                       detail=f"{done} of {total} dropped")
     try:
-        result = collect(store, keep_runs=keep_runs, max_bytes=max_bytes, dry_run=dry_run)
+        result = collect(store, keep_runs=keep_runs, max_bytes=max_bytes, dry_run=dry_run,
+                         progress=told)
     finally:
+        bar.close()
         store.close()
     if compact and not dry_run:   # (after close: compacting needs the store to itself)
         before, after = compact_store(path)
@@ -302,6 +328,10 @@ def gc_cmd(path: str, keep_runs: int, max_bytes: int | None, dry_run: bool, as_j
         c = result["compacted"]
         out.write(f"{path}: compacted data.mdb from {c['before']} to {c['after']} bytes\n")
     return 0
+
+
+MAX_LAYOUT_HELP = ("above N nodes the page lists them instead of drawing them (Graphviz takes "
+                   "minutes on thousands of nodes; default 1500; 0: always draw)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -333,6 +363,8 @@ def _parser() -> argparse.ArgumentParser:
                               "and html need Graphviz's dot program)")
     p_graph.add_argument("--json", action="store_true", help="same as --format json")
     p_graph.add_argument("-o", "--output", metavar="FILE", help="write to FILE")
+    p_graph.add_argument("--max-layout", type=int, default=None, metavar="N",
+                         help=MAX_LAYOUT_HELP + " (--format html)")
     p_graph.add_argument("--all", action="store_true",
                          help="also draw superseded instances (an older version of a function "
                               "with the same arguments), dashed")
@@ -341,6 +373,7 @@ def _parser() -> argparse.ArgumentParser:
     p_ui.add_argument("--port", type=int, default=8765, metavar="N",
                       help="serve on 127.0.0.1:N (default 8765; 0: any free port)")
     p_ui.add_argument("--open", action="store_true", help="also open the page in a browser")
+    p_ui.add_argument("--max-layout", type=int, default=None, metavar="N", help=MAX_LAYOUT_HELP)
     p_gc = sub.add_parser("gc", help="drop entries the latest runs cannot reach")
     p_gc.add_argument("store", metavar="STORE", help="the store directory (e.g. .incr)")
     p_gc.add_argument("--keep-runs", type=int, default=1, metavar="N",
@@ -354,6 +387,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="then shrink data.mdb to what it holds (not with --dry-run; "
                            "refused while another process has the store open)")
     p_gc.add_argument("--json", action="store_true", help="print the result as JSON")
+    p_gc.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a progress bar on stderr (default: when stderr is a terminal, or "
+                           "INCR_PROGRESS=1; needs rich: pip install 'incr[progress]')")
     return parser
 
 
@@ -373,14 +409,15 @@ def main(argv=None) -> int:
             return inspect_cmd(args.store, args.json, out)
         if args.command == "graph":
             return graph_cmd(args.store, "json" if args.json else args.format, args.output, out,
-                             all_versions=args.all)
+                             all_versions=args.all, max_layout=args.max_layout)
         if args.command == "ui":
-            return ui_cmd(args.store, args.port, out, open_browser=args.open)
+            return ui_cmd(args.store, args.port, out, open_browser=args.open,
+                          max_layout=args.max_layout)
         if args.command == "gc":
             if args.keep_runs < 1:
                 parser.error("--keep-runs must be at least 1")
             return gc_cmd(args.store, args.keep_runs, args.max_bytes, args.dry_run, args.json,
-                          out, compact=args.compact)
+                          out, compact=args.compact, progress=args.progress)
     except incr.StoreError as e:
         print(f"incr {args.command}: {e}", file=sys.stderr)
         return 1

@@ -37,12 +37,23 @@ from incr._collections import (_ABSENT, _KINDS, MODE_FILTER, MODE_HOOKS, MODE_IN
                                FoldBase, FoldTree, InputMapBase, MapBase, MapView, MinMaxFold,
                                NodeBase, PerKeyFn, Stamp, SumFold, _key_kind, same as _same)
 from incr._core import Cell, Input, current
+from incr._core import _refuse_coroutine_function as _refuse_async_fn
 from incr.keys import register_type
 
 __all__ = ["IncrMap", "InputMap", "Fold", "Group", "MapView", "input_map"]
 
 _Node = NodeBase
 _PerKeyFn = PerKeyFn
+
+def _pairs(mapping: Any, where: str) -> dict:
+    """``dict(mapping)`` for a mapping or an iterable of (key, value) pairs; anything else is a
+    TypeError naming ``where`` (checked before anything changes)."""
+    try:
+        return dict(mapping.items() if hasattr(mapping, "items") else mapping)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{where}: needs a mapping or an iterable of (key, value) pairs, got "
+                        f"{type(mapping).__name__} {mapping!r:.60} ({e})") from None
+
 
 def _fn_label(fn: Any) -> str:
     q = getattr(fn, "qualname_label", None) or getattr(fn, "__qualname__", None) \
@@ -176,14 +187,19 @@ class IncrMap(MapBase):
         """``{key: fn(key, value)}``: one computation per key. With an incr cell (or an
         ``@incr.llm`` node), one instance ``fn(key, value)`` per key; a changed key demands its
         own instance only, a deleted key drops its entry."""
+        if not isinstance(fn, Cell):
+            # a plain function is called from sync code (an async one: @incr.cell async def)
+            _refuse_async_fn(fn, f"{self.label}.map: fn (make it an @incr.cell async def)")
         return _MapNode(self, fn)
 
     def filter(self, pred: Callable[[Any, Any], Any]) -> IncrMap:
         """The entries for which ``pred(key, value)`` is true."""
+        _refuse_async_fn(pred, f"{self.label}.filter: pred")
         return _FilterNode(self, pred)
 
     def map_keys(self, fn: Callable[[Any], Any]) -> IncrMap:
         """``{fn(key): value}``; ``fn`` must not map two present keys to one (ValueError)."""
+        _refuse_async_fn(fn, f"{self.label}.map_keys: fn")
         return _MapKeysNode(self, fn)
 
     def join(self, other: IncrMap, how: str = "inner") -> IncrMap:
@@ -195,6 +211,7 @@ class IncrMap(MapBase):
         """``{group: Group}`` with ``group = fn(key, value)``: each ``Group`` is a read-only
         mapping of that group's entries in key order, kept up to date in O(1) per changed
         key (it reads the group as it is now; ``dict(group)`` takes a snapshot)."""
+        _refuse_async_fn(fn, f"{self.label}.group_by: fn")
         return _GroupByNode(self, fn)
 
     def sum(self, start: Any = 0) -> Fold:
@@ -219,6 +236,8 @@ class IncrMap(MapBase):
         ``heapq.nlargest(k, m.items(), key=...)``)."""
         if not isinstance(k, int) or k < 0:
             raise ValueError(f"top_k: k must be an int >= 0, got {k!r}")
+        if key is not None:
+            _refuse_async_fn(key, f"{self.label}.top_k: key")
         label = f"{self.label}.top_k({k}" + (f", key={_fn_label(key)})" if key else ")")
         return Fold(self, "top_k", label, k=k, keyfn=key)
 
@@ -227,6 +246,7 @@ class IncrMap(MapBase):
         associative. Kept in a balanced tree: one changed key costs O(log n) calls of op."""
         if not callable(op):
             raise TypeError(f"reduce: op must be callable, got {op!r}")
+        _refuse_async_fn(op, f"{self.label}.reduce: op")
         return Fold(self, "reduce", f"{self.label}.reduce({_fn_label(op)})", op=op,
                     identity=identity)
 
@@ -237,6 +257,8 @@ class IncrMap(MapBase):
         again). O(1) calls per changed key; ``remove`` must undo ``add``."""
         if not (callable(add) and callable(remove)):
             raise TypeError("fold: add and remove must be callable")
+        _refuse_async_fn(add, f"{self.label}.fold: add")
+        _refuse_async_fn(remove, f"{self.label}.fold: remove")
         return Fold(self, "fold", f"{self.label}.fold({_fn_label(add)}, {_fn_label(remove)})",
                     add=add, remove=remove, identity=init)
 
@@ -256,13 +278,8 @@ class InputMap(IncrMap, InputMapBase):
             raise ValueError(f"input_map needs a non-empty str name, got {name!r}")
         data = None
         if mapping is not None:
-            # checked before the name is taken: a bad mapping leaves nothing declared
-            try:
-                data = dict(mapping.items() if hasattr(mapping, "items") else mapping)
-            except (TypeError, ValueError) as e:
-                raise TypeError(f"input_map {name!r}: mapping must be a mapping or an iterable "
-                                f"of (key, value) pairs, got {type(mapping).__name__} "
-                                f"{mapping!r} ({e})") from None
+            # checked before the name is taken: a bad mapping or key leaves nothing declared
+            data = _pairs(mapping, f"input_map {name!r}")
             kinds = {type(k) for k in data}
             if not (len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple")):
                 for k in data:
@@ -311,7 +328,12 @@ class InputMap(IncrMap, InputMapBase):
 
     def delete(self, key: Any) -> None:
         """Remove ``key`` (KeyError if it is not there)."""
-        if key not in self._data:
+        try:
+            there = key in self._data
+        except TypeError:                       # unhashable: say which map and which key
+            _key_kind(key, f"input_map {self.label!r}: delete")
+            raise
+        if not there:
             raise KeyError(key)
         with self._rt.batch():
             self._bump()
@@ -321,8 +343,12 @@ class InputMap(IncrMap, InputMapBase):
     def update(self, mapping: Any = (), *, delete: Any = ()) -> None:
         """Set every ``(key, value)`` of ``mapping`` and remove every key of ``delete``
         (missing ones are ignored; a key in both ends up removed), as one revision."""
-        items = list(mapping.items() if hasattr(mapping, "items") else mapping)
-        gone = set(delete)
+        items = list(_pairs(mapping, f"input_map {self.label!r}: update").items())
+        try:
+            gone = set(delete)
+        except TypeError as e:
+            raise TypeError(f"input_map {self.label!r}: update: delete= needs an iterable of keys, got "
+                            f"{delete!r:.60} ({e})") from None
         changed = [(k, v) for k, v in items
                    if k not in gone and not _same(self._data.get(k, _ABSENT), v)]
         dels = [k for k in gone if k in self._data]

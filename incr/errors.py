@@ -68,6 +68,12 @@ class Reject(IncrError):
     def __init__(self, node, *args, case: str = "rejected", counterexample=None,
                  message: str = ""):
         from incr import llmnodes as _llm
+        if not isinstance(node, _llm.LLMNode):
+            what = ("a plain cell, which cannot generate again"
+                    if isinstance(node, _llm.Cell) else _llm._short(node))
+            raise TypeError(f"incr.Reject: the first argument must be the LLM node (@incr.llm) "
+                            f"whose candidate is wrong, got {what}; raise an ordinary exception "
+                            f"to fail a computation instead")
         for name, value in (("case", case), ("counterexample", counterexample),
                             ("message", message)):
             problem = _llm._field_problem(name, value)

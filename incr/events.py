@@ -15,8 +15,9 @@ instance it is about (``label``, the same text as ``rt.explain`` and ``incr insp
   :class:`Reverted` -- so the next generation starts from the best revision instead.
 - :class:`Warning` -- a monitor passed 80% of its threshold (a budget, the divergence
   patience): the loop has not stopped yet.
-- :class:`Stopped` -- the loop ended without acceptance (``reason`` as ``NotAccepted.reason``;
-  ``"halted"`` when ``rt.halt`` stopped it).
+- :class:`Stopped` -- the loop ended without acceptance (``reason`` as ``NotAccepted.reason``);
+  :class:`Halted` (a ``Stopped`` with ``reason="halted"``) when ``rt.halt`` stopped it before
+  a model call (it goes on after ``rt.resume()``).
 - :class:`ValidationFinished` -- one validator judged one candidate revision (seconds, the
   kinds of the verdicts it gave).
 - :class:`PassStarted` / :class:`PassFinished` -- one pass of ``rt.stabilize()`` (label
@@ -36,7 +37,7 @@ from typing import Any
 import attrs
 
 __all__ = ["Event", "GenerationStarted", "GenerationFinished", "Verdict", "Accepted",
-           "Withdrawn", "Regression", "Reverted", "Warning", "Stopped", "ValidatorChanged",
+           "Withdrawn", "Regression", "Reverted", "Warning", "Stopped", "Halted", "ValidatorChanged",
            "ValidationFinished", "PassStarted", "PassFinished"]
 
 
@@ -101,6 +102,13 @@ class Warning(Event):             # noqa: A001 -- incr.events.Warning, as the co
 @attrs.frozen
 class Stopped(Event):
     reason: str
+
+
+@attrs.frozen
+class Halted(Stopped):
+    """rt.halt stopped the loop before a model call (``reason`` is ``"halted"``; ``why`` is the
+    reason given to ``rt.halt``)."""
+    why: str = ""
 
 
 @attrs.frozen

@@ -536,9 +536,17 @@ def timeline(store, limit: int = 100) -> list[dict]:
     return out
 
 
-def snapshot(store, *, all_versions: bool = False, layout: bool = True) -> dict:
+MAX_LAYOUT = 1500
+"""The most nodes the page lays out with Graphviz (``incr ui/graph --max-layout N``): dot's
+time grows faster than the graph (on a shared 2-core machine: 1,000 nodes 4 s, 3,000 nodes
+130 s, 10,000 nodes not done after 2 minutes); above it the page lists the nodes."""
+
+
+def snapshot(store, *, all_versions: bool = False, layout: bool = True,
+             max_layout: int | None = MAX_LAYOUT) -> dict:
     """Everything the page shows, as JSON: the graph, its SVG drawing (None and a message in
-    ``layout_error`` when Graphviz is missing), the details per node, the run timeline."""
+    ``layout_error`` when Graphviz is missing, or when the graph has more than ``max_layout``
+    nodes), the details per node, the run timeline."""
     g = load(store, all_versions=all_versions)
     snap = {"graph": g, "details": details(store, g), "timeline": timeline(store),
             "runs": store.run, "svg": None, "layout_error": None,
@@ -554,7 +562,12 @@ def snapshot(store, *, all_versions: bool = False, layout: bool = True) -> dict:
     if counts["missing"]:
         summary += f", {counts['missing']} dependencies no longer stored"
     snap["summary"] = summary + f"; {store.run} runs"
-    if layout:
+    if layout and max_layout is not None and len(g["nodes"]) > max_layout:
+        snap["layout_error"] = (
+            f"{len(g['nodes'])} nodes are more than Graphviz lays out in reasonable time here "
+            f"(at most {max_layout}; `--max-layout N` changes it; `incr graph STORE --format "
+            f"svg -o trace.svg` draws it anyway)")
+    elif layout:
         try:
             snap["svg"] = svg(g)
         except GraphvizMissing as e:

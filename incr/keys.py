@@ -36,7 +36,19 @@ def register_type(cls: type, encode: Callable[[Any], Any], decode: Callable[[Any
         raise TypeError(f"register_type({cls.__qualname__}): encode and decode must be callable")
     if cls in _BUILTIN:
         raise ValueError(f"register_type: {cls.__name__} already has a canonical form")
+    import inspect
+    for what, f in (("encode", encode), ("decode", decode)):
+        if inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(
+                getattr(type(f), "__call__", None)):
+            raise TypeError(f"register_type({cls.__qualname__}): {what} "
+                            f"{getattr(f, '__qualname__', f)!r} is an async function; it must be "
+                            f"a plain def (a coroutine is never an encoding)")
     _registry[cls] = (f"{cls.__module__}.{cls.__qualname__}", encode, decode)
+
+
+def _a(name: str) -> str:
+    """``name`` with its article: "a lock", "an object"."""
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
 
 
 class _Unencodable(Exception):
@@ -112,7 +124,7 @@ def normalize_args(label: str, names: tuple[str, ...], args: tuple) -> tuple:
 
 def _message(what: str, e: _Unencodable) -> str:
     return (
-        f"argument {e.path!s} is a {type(e.value).__qualname__}, which incr cannot use as a key "
+        f"argument {e.path!s} is {_a(type(e.value).__qualname__)}, which incr cannot use as a key "
         f"(got {_short(e.value)}); pass None, bool, int, float, str, bytes, tuple, list, "
         f"dict with str keys, frozenset or an Input, or call incr.register_type() for it"
     )
@@ -305,7 +317,7 @@ def encode_value(value: Any, what: str = "value") -> bytes:
         return _pack(value, True)
     except _Unencodable as e:
         raise TypeError(
-            f"{what} holds a {type(e.value).__qualname__}, which incr cannot store (got "
+            f"{what} holds {_a(type(e.value).__qualname__)}, which incr cannot store (got "
             f"{_short(e.value)}); return None, bool, int, float, str, bytes, tuple, list, dict "
             f"with str keys or frozenset, or call incr.register_type() for it") from None
     except (OverflowError, ValueError) as e:

@@ -51,10 +51,25 @@ __all__ = ["ACK", "NACK", "UNKNOWN", "Acceptance", "Budget", "Candidate", "LLMNo
 # --- verdicts --------------------------------------------------------------------------------
 
 
+def _text_field(inst, attribute, value):
+    """A verdict's text fields (``case``, ``message``, ``reason``) are checked when it is made:
+    ``TypeError`` for a value that is not a ``str`` or text that cannot be stored as UTF-8
+    (the same error ``rt.nack`` gives). (Payloads -- ``evidence``, ``counterexample`` -- are checked when the
+    verdict is recorded: one incr cannot keep becomes an UNKNOWN saying why.)"""
+    if not isinstance(value, str):
+        raise TypeError(f"incr.{type(inst).__name__}: {attribute.name} must be "
+                        f"{_TEXTS[attribute.name]}, got {_short(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise TypeError(f"incr.{type(inst).__name__}: {attribute.name} must be valid text "
+                         f"(it is stored as UTF-8), got {_short(value)}: {e}") from None
+
+
 @attrs.frozen
 class ACK:
     """The candidate passed the check ``case``."""
-    case: str
+    case: str = attrs.field(validator=_text_field)
     evidence: Any = None
     kind = "ACK"
 
@@ -62,17 +77,17 @@ class ACK:
 @attrs.frozen
 class NACK:
     """The candidate failed the check ``case``; ``counterexample`` shows how."""
-    case: str
+    case: str = attrs.field(validator=_text_field)
     counterexample: Any = None
-    message: str = ""
+    message: str = attrs.field(default="", validator=_text_field)
     kind = "NACK"
 
 
 @attrs.frozen
 class UNKNOWN:
     """Nothing could be decided for ``case`` (the validator crashed, timed out, ...)."""
-    case: str
-    reason: str = ""
+    case: str = attrs.field(validator=_text_field)
+    reason: str = attrs.field(default="", validator=_text_field)
     kind = "UNKNOWN"
 
 
@@ -225,13 +240,23 @@ class Budget:
     max_withdrawals: int | None = attrs.field(default=None, validator=_nonnegative_int)
 
 
+def _required(r: Any) -> tuple | None:
+    """``Acceptance(required=)``: None (every validator) or an iterable of validators (or their
+    ids); anything else is a TypeError naming the argument."""
+    if r is None:
+        return None
+    if isinstance(r, (str, bytes)) or not isinstance(r, Iterable):
+        raise TypeError(f"incr.Acceptance: required must be None or an iterable of validators "
+                        f"(e.g. required=[sql_tests]), got {_short(r)}")
+    return tuple(r)
+
+
 @attrs.frozen
 class Acceptance:
     """The current candidate is accepted when every required validator (default: all) gave
     it at least one ACK and no NACK and no UNKNOWN, and it has at least ``min_cases``
     distinct ACKed (validator, case) pairs."""
-    required: tuple | None = attrs.field(default=None, converter=lambda r: None if r is None
-                                         else tuple(r))
+    required: tuple | None = attrs.field(default=None, converter=_required)
     min_cases: int = 0
 
     def __attrs_post_init__(self):
@@ -422,6 +447,8 @@ def on_event(rt, callback) -> Callable[[], None]:
     """rt.on_event(callback): subscribe; returns the function that unsubscribes."""
     if not callable(callback):
         raise TypeError(f"rt.on_event: callback must be callable(event), got {_short(callback)}")
+    _refuse_async(callback, "rt.on_event: callback",
+                  getattr(callback, "__qualname__", repr(callback)))
     b = _book(rt)
     with b.lock:
         b.listeners = b.listeners + (callback,)
@@ -448,11 +475,40 @@ def _emit(book: _Bookkeeping, event: Any) -> None:
                           f"{e}; the loop went on", RuntimeWarning, stacklevel=2)
 
 
+class FailureReport(str):
+    """What ``on_failure(report)`` is called with: the readable report of the loop that ended
+    without acceptance (a ``str``, the same text as ``NotAccepted.report``), which also carries
+    ``.reason``, ``.best`` (the candidate with most distinct ACKs), ``.attempts`` and ``.error``
+    (the ``incr.NotAccepted`` that is raised if ``on_failure`` returns None)."""
+
+    def __new__(cls, error: NotAccepted):
+        self = super().__new__(cls, error.report)
+        self.error = error
+        return self
+
+    @property
+    def report(self) -> str:
+        return str(self)
+
+    @property
+    def reason(self) -> str:
+        return self.error.reason
+
+    @property
+    def best(self) -> Any:
+        return self.error.best
+
+    @property
+    def attempts(self) -> int:
+        return self.error.attempts
+
+
 def _limit_over(b: Budget | None, calls: int, tokens: int, cost: float,
                 seconds: float) -> str | None:
     if b is None:
         return None
-    if b.max_attempts is not _DEFAULT_ATTEMPTS and calls >= b.max_attempts:
+    if (b.max_attempts is not _DEFAULT_ATTEMPTS and b.max_attempts is not None
+            and calls >= b.max_attempts):
         return f"model calls {calls} of {b.max_attempts}"
     if b.max_tokens is not None and tokens >= b.max_tokens:
         return f"tokens {tokens} of {b.max_tokens}"
@@ -783,7 +839,7 @@ def llm(fn=None, /, *, validators=(), accept=None, budget=None, version=None, re
     text: whitespace and case folded); ``patience``: revisions in a row below the best one's
     distinct ACKs before ``NotAccepted(reason="divergence")``; ``patch=True`` (or
     ``apply=callable(previous, patch) -> candidate``): the generator answers a retry with a
-    patch against ``previous``; ``on_failure(error) -> candidate | None`` when the loop ends
+    patch against ``previous``; ``on_failure(report) -> candidate | None`` when the loop ends
     without acceptance; ``recheck_every=("revisions", N) | ("seconds", S)``: spot checks of
     the accepted candidate; ``reuse="revalidate"``: a new instance first validates the most
     recent instance's accepted candidate."""
@@ -1325,6 +1381,7 @@ class _Loop:
         st = self.st
         st.prefetched.clear()
         self.cut_short = True
+        _emit(self.book, events.Halted(st.label, "halted", reason))
         raise NotAccepted(st.label, "halted", _report(self.node, st, "halted", None, reason),
                           _best(st), st.spent_attempts)
 
@@ -1788,7 +1845,8 @@ class _Loop:
         escalate = node.on_failure or self.book.on_failure
         if escalate is not None and not st.escalated and not st.damped:
             st.escalated = True
-            cand = escalate(exc)     # what the caller supplies (a human, a stronger model)
+            # what the caller supplies (a human, a stronger model)
+            cand = escalate(FailureReport(exc))
             if cand is not None:
                 self._escalated(cand, exc)   # accepted: returns through _Escalated; rejected:
                                              # stops (and says so) in its own _fail
@@ -2260,15 +2318,54 @@ def _absorb_reject(rt, e: Reject):
 # --- effects ---------------------------------------------------------------------------------
 
 
-def effect(fn=None, /, *, version=None):
-    """A cell with effects in the world (sending, writing). It reads only accepted candidates
-    (an LLM node returns nothing else), a later withdrawal of those candidates does not undo
-    it, and it runs again only when what it read changes."""
+def effect(fn=None, /, *, version=None, allow_unvalidated=False):
+    """A cell with effects in the world (sending, writing). It runs only once every LLM node
+    it depends on is stable: a read (of an LLM node, or of a cell resting on one, at any
+    depth) hands the effect its value only if each of those nodes is accepted with evidence;
+    a node that failed raises its NotAccepted, and one accepted with no ACK ("unvalidated": no
+    validators) raises IncrError -- unless ``allow_unvalidated=True``. The effect's run then
+    fails (nothing it did after that read happens) and runs again at its next demand. A later
+    withdrawal of what it read does not undo it; it runs again only when what it read
+    changes."""
+    if not isinstance(allow_unvalidated, bool):
+        raise TypeError(f"incr.effect: allow_unvalidated must be a bool, got "
+                        f"{_short(allow_unvalidated)}")
+
     def make(f):
         c = Cell(f, version=version, cutoff=EQUAL, local=True)   # never on a remote worker
         c._incr_effect = True
+        c._incr_allow_unvalidated = allow_unvalidated
+        c.is_effect = True
+        _core._note_effect()
         return c
     return make if fn is None else make(fn)
+
+
+def effect_read(rt, effect_inst, n) -> None:
+    """Called by the core when the running effect ``effect_inst`` reads ``n`` (its value is
+    up to date): IncrError if an LLM node that ``n`` is or rests on is not stable (see
+    ``effect``). O(instances ``n`` rests on), paid by effects only."""
+    book = rt.llm
+    if book is None:
+        return                                   # no LLM node has run on this runtime
+    allow = getattr(effect_inst.cell, "_incr_allow_unvalidated", False)
+    seen, todo = set(), [n]
+    while todo:
+        m = todo.pop()
+        if m in seen or not isinstance(m, Instance):
+            continue                             # inputs rest on nothing
+        seen.add(m)
+        if m.cell.is_llm and not allow:
+            st = book.nodes.get(m)
+            if st is not None and st.status == "stable" and not _acked_now(st):
+                via = "" if m is n else f" (through {n.label_text})"
+                raise IncrError(
+                    f"incr.effect {effect_inst.label_text} reads {m.label_text}{via}, which is "
+                    f"accepted without any ACK (status 'unvalidated': no validator checked "
+                    f"it); an effect runs only on stable LLM nodes, so it did not run. Give "
+                    f"{m.cell.qualname_label} a validator, ACK the candidate with rt.ack(...), "
+                    f"or declare @incr.effect(allow_unvalidated=True)")
+        todo.extend(m._deps)
 
 
 # --- persistence: the node's state in the store (kind-2 records in the ``nodes`` DB) ---------

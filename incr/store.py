@@ -86,7 +86,7 @@ import time
 import warnings
 import weakref
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import lmdb
 
@@ -1766,16 +1766,24 @@ def trace(store: Store) -> tuple[dict, list]:
 
 
 def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = None,
-            dry_run: bool = False) -> dict:
+            dry_run: bool = False, progress: Callable[[str, int, int | None], Any] | None = None
+            ) -> dict:
     """Drop entries not reachable from what the latest ``keep_runs`` runs *of each program*
     wrote or took (None: keep all), then least recently used ones while the entries take more
     than ``max_bytes``. Runs without a recorded program (count_run=False, or older) form one
-    group. The report says, per program, the runs kept and how many entries they root."""
+    group. The report says, per program, the runs kept and how many entries they root.
+    ``progress(phase, done, total)`` is told what it has done: phase "read" (entries read, every
+    1000 and at the end), "drop" (0 of the dropped entries before deleting, all of them after).
+    """
     usage = store.usage()
     names, run_prog, by_prog = store.programs_usage()
     recs: dict[bytes, tuple[dict | None, int]] = {}
     for key, rec, size in store.iter_records():
         recs[key] = (rec, size)
+        if progress is not None and len(recs) % 1000 == 0:
+            progress("read", len(recs), None)
+    if progress is not None:
+        progress("read", len(recs), len(recs))
     last_of = {k: max(usage.get(k, (0, 0))[1], (r or {}).get("run", 0)) for k, (r, _) in recs.items()}
     latest = max(last_of.values(), default=0)
     drop: set[bytes] = {k for k, (r, _) in recs.items() if r is None}   # damaged: useless
@@ -1846,9 +1854,13 @@ def collect(store: Store, *, keep_runs: int | None = 1, max_bytes: int | None = 
             total -= recs[k][1]
     freed = sum(recs[k][1] for k in drop)
     if not dry_run and drop:
+        if progress is not None:
+            progress("drop", 0, len(drop))
         store.fold()   # so that no log entry names a dropped key
         store.delete(sorted(drop))
         store.rebuild_index()   # (nodes that lead only to dropped entries go)
+        if progress is not None:
+            progress("drop", len(drop), len(drop))
     return {"entries": len(recs), "dropped": len(drop), "kept": len(recs) - len(drop),
             "bytes_freed": freed, "latest_run": latest, "programs": programs}
 

@@ -298,7 +298,7 @@ def test_key_is_incr_canonical_encoding():
 
 
 def test_what_cannot_be_keyed_is_not_cached_with_a_warning():
-    with pytest.warns(incr.NotPersistableWarning, match=r"argument xs.*register_type"):
+    with pytest.warns(incr.NotPersistableWarning, match=r"argument xs is an object, .*register_type"):
         assert _keys(INCR_KEY, task(scale), xs=object(), k=1.0) is None
 
     lock = object()
@@ -486,7 +486,9 @@ def test_a_killed_worker_leaves_store_and_trace_usable(prefect_api, tmp_path, ki
                PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS),
                                            os.environ.get("PYTHONPATH", "")]))
     child = subprocess.run(
-        [sys.executable, "-c", ("import importlib, sys; importlib.import_module(sys.argv[1])"
+        # (conftest first: it maps incr.adapters to this checkout's adapters/, as in the parent)
+        [sys.executable, "-c", ("import importlib, sys, conftest; "
+                                "importlib.import_module(sys.argv[1])"
                                 "._child(sys.argv[2], sys.argv[3])"),
          __name__, kind, path],
         env=env, capture_output=True, text=True, timeout=240, check=False)

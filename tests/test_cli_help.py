@@ -16,7 +16,7 @@ def _subparsers():
     return sub.choices
 
 
-@pytest.mark.parametrize("name", ["demo", "inspect", "graph", "gc"])
+@pytest.mark.parametrize("name", ["demo", "inspect", "graph", "ui", "gc"])
 def test_every_option_has_a_help_text(name, capsys):
     p = _subparsers()[name]
     for action in p._actions:

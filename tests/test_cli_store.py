@@ -224,3 +224,16 @@ def test_hit_counts_are_kept_through_the_usage_log_and_its_folding(tmp_path, mon
     assert rows() == {k: (4, 5) for k in want}
     code, out, _ = run_cli("gc", path, "--json")
     assert code == 0 and json.loads(out)["dropped"] == 0
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["inspect", "--json"], ["graph"],
+                                     ["graph", "--format", "html"], ["gc"], ["gc", "--dry-run"],
+                                     ["ui", "--port", "0"]])
+def test_an_empty_directory_is_not_made_a_store(tmp_path, command):
+    """issue 15: `incr inspect` on an empty directory created data.mdb. No command that reads
+    a store creates one: each says there is none and leaves the directory as it was."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, err = run_cli(command[0], str(empty), *command[1:])
+    assert code == 1 and "there is no incr store at" in err and str(empty) in err, err
+    assert list(empty.iterdir()) == []

@@ -873,9 +873,6 @@ def test_cell_garbage_options_are_type_errors():
         incr.cell(versoin="1")
 
 
-@missing("@incr.cell(version=object()) is accepted; a version with no stable value across "
-         "processes makes a store identity that never matches (fix: incr/_core_nodes.pxi "
-         "Cell.__init__, check version is a str/int)")
 def test_cell_version_that_cannot_name_a_definition_is_refused():
     """A cell's identity across processes is its module, qualified name and `version` ...
     Bad arguments raise `TypeError` or `ValueError` with a message that names the cell and the
@@ -1109,10 +1106,6 @@ def test_change_from_inside_a_running_cell_is_a_reentrancy_error(change):
     assert x.get() == 1 and rt.revision == 0 and not rt.closed
 
 
-@missing("rt.input(...) and rt.input_map(...) inside a running cell declare a new input "
-         "instead of raising ReentrancyError (the cell's next run then fails with 'already "
-         "declared'); fix: incr/_core_runtime.pxi Runtime.input, the same running-cell check "
-         "as Input.set")
 @pytest.mark.parametrize("declare", ["input", "input_map"])
 def test_declaring_an_input_inside_a_running_cell_is_a_reentrancy_error(declare):
     """`Input.set` (or any other change) from inside a running cell raises
@@ -1339,9 +1332,6 @@ def test_verdicts_have_kind_and_fields():
     assert incr.UNKNOWN("f", reason="r").reason == "r"
 
 
-@missing("incr.ACK(3) / incr.NACK('c', message=3) / incr.UNKNOWN(None) are made without "
-         "complaint (the case is checked only later, when a validator yields it); fix: "
-         "incr/llmnodes.py, attrs validators on the verdict classes")
 @pytest.mark.parametrize("make", ["ack_case", "nack_message", "unknown_case"])
 def test_verdict_with_garbage_fields_is_refused(make):
     """Bad arguments raise `TypeError` or `ValueError` with a message that names the cell and
@@ -1474,9 +1464,6 @@ def test_acceptance_required_subset_accepts_with_its_acks(rt):
             all_required()                   # silent gave no ACK
 
 
-@missing("incr.Acceptance(required=3) raises \"TypeError: 'int' object is not iterable\", "
-         "naming neither Acceptance nor required; fix: incr/llmnodes.py Acceptance, "
-         "a validator on `required`")
 def test_acceptance_garbage_required_names_the_argument():
     """Bad arguments raise `TypeError` or `ValueError` with a message that names the cell and
     the argument."""
@@ -1901,9 +1888,6 @@ def test_reject_in_a_validator_blames_a_consumed_node(rt):
     assert ("spec", 1) in log and rt.state(spec).revision == 2
 
 
-@missing("incr.Reject(3) (not an LLM node) is made without complaint and raised as "
-         "\"3() rejected on case 'rejected'\"; docs/api.md says its fields are checked when it "
-         "is made; fix: incr/errors.py Reject.__init__")
 def test_reject_of_something_that_is_not_a_node_is_a_type_error():
     """`raise incr.Reject(llm_node, *args, case=..., counterexample=...)` ... Bad arguments
     raise `TypeError` or `ValueError` with a message that names the cell and the argument."""
@@ -2072,9 +2056,6 @@ def test_effect_runs_once_and_is_not_undone(rt):
     assert sent == ["v0", "v1"]              # its input (the candidate) changed
 
 
-@missing("an @incr.effect runs on a node whose status is 'unvalidated' (no validators), not "
-         "'stable'; docs/api.md says instead 'it reads only accepted candidates'; fix: "
-         "incr/llmnodes.py effect (or reword API.md)")
 def test_effect_runs_only_when_every_llm_dependency_is_stable(rt):
     """`@incr.effect` ... runs only once every LLM node it depends on is stable"""
     sent = []
@@ -2426,13 +2407,6 @@ async def _async_hook(*args, **kwargs):
     return True
 
 
-@missing("a coroutine function is accepted where a sync callable is expected; an async cutoff "
-         "returns a coroutine, which is truthy, so every recomputed value counts as unchanged "
-         "(a stale value); fix: the Cell constructor in incr/_core_nodes.pxi (cutoff), "
-         "Observer.on_change in incr/_core_runtime.pxi, Runtime.on_event, "
-         "incr/keys.py register_type, incr/collections.py filter/map/map_keys/group_by/fold, "
-         "incr.gather's thunks: refuse inspect.iscoroutinefunction with a TypeError naming "
-         "the function")
 @pytest.mark.parametrize("where", ["cutoff", "on_change", "on_event", "register_type",
                                    "filter", "gather_thunk"])
 def test_coroutine_function_where_a_sync_one_is_expected_is_a_type_error(where):
@@ -2462,9 +2436,6 @@ def test_coroutine_function_where_a_sync_one_is_expected_is_a_type_error(where):
             do()
 
 
-@missing("an async cutoff= makes a changed value count as unchanged (its coroutine is "
-         "truthy): the reader keeps a stale value; fix: incr/_core_nodes.pxi Cell (refuse "
-         "a coroutine function as cutoff)")
 def test_async_cutoff_never_yields_a_stale_value():
     """A coroutine is never a candidate or a value. (An async `cutoff` callable must not decide
     that a changed value is unchanged.)"""
@@ -2753,10 +2724,6 @@ def test_runtime_budget_bounds_tokens_across_nodes():
     assert calls == [1, 1, 1]                # 300 tokens spent: node 2 gets no model call
 
 
-@missing("Runtime(budget=incr.Budget(max_attempts=None, max_tokens=...)) makes every model "
-         "call fail with \"TypeError: '>=' not supported between instances of 'int' and "
-         "'NoneType'\" (incr/llmnodes.py _limit_over: `calls >= b.max_attempts` with no None "
-         "check); fix there")
 def test_runtime_budget_without_an_attempt_limit():
     """`Runtime(budget=incr.Budget(...))`: model calls, tokens, cost and seconds across every
     node of the runtime; a node that would exceed it ends `NotAccepted(reason="budget")`.
@@ -2909,9 +2876,6 @@ def test_on_failure_candidate_is_validated_like_any_other(rt):
     assert len(asked) == 2
 
 
-@missing("on_failure is called with the NotAccepted exception, not with its report (docs/api.md "
-         "says on_failure(error)); fix: incr/llmnodes.py _Loop._fail (pass exc.report), or "
-         "reword API.md")
 def test_on_failure_is_called_with_the_report(rt):
     """`on_failure(report) -> candidate | None` is called when a loop ends without
     acceptance"""
@@ -2967,9 +2931,6 @@ def test_recheck_every_revisions_and_seconds_at_stabilize():
             lambda k, *, previous=None, feedback=(): 1)
 
 
-@missing("recheck_every spot checks happen only when stabilize() starts; a node demanded "
-         "directly (no observer) is never re-validated however many revisions pass; fix: "
-         "incr/llmnodes.py spot_checks, also consulted on a top-level demand")
 def test_recheck_every_applies_to_a_directly_demanded_node(rt):
     """`recheck_every`: re-validate a stable node's candidate every N revisions of its context
     or S seconds"""
@@ -3103,9 +3064,6 @@ def test_halt_from_a_signal_handler(rt):
     assert info.value.reason == "halted" and len(calls) == 2
 
 
-@missing("no event is emitted when rt.halt stops a loop (incr.events has no Halted, and the "
-         "Stopped event is not emitted on the halted path); fix: incr/llmnodes.py, the halted "
-         "check before a model call (line ~1328) should _emit(events.Stopped(label, 'halted'))")
 def test_halt_emits_a_halted_event(rt):
     """`rt.on_event(callback) -> unsubscribe`: typed events (`incr.events.*`): ... halted."""
     events = []

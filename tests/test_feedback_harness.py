@@ -1,13 +1,19 @@
 """The feedback benchmark (benchmarks/feedback) in small runs: structural properties only,
-never a figure. The simulated model cannot see hidden checks (whole trajectories do not move
-when the hidden checks change), equal-spend curves are exact truncations of a run (checked
-against really capped runs), hidden case names never reach a model, the output says
-SIMULATED and records the config and commit."""
+never a figure. The simulated model cannot see hidden checks: every model call of a run (its
+whole input and its output) is the same with the hidden checks real, replaced, put on every
+aspect or poisoned (a read fails the test), and a model made to peek is caught. Equal-spend
+curves are exact truncations of a run (checked against really capped runs), the wall-time
+curve cuts measured runs at the cap, plain arms make a level's calls at once (a barrier that
+needs both), incr_par demands through incr.gather on a threaded runtime, blame is imprecise
+and incr climbs through Reject, hidden case names never reach a model, the output says
+SIMULATED and records the config and commit, and the real-model path runs end to end over
+HTTP."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections import Counter
 
 import pytest
@@ -15,7 +21,7 @@ import pytest
 from benchmarks.feedback import __main__ as bench
 from benchmarks.feedback import arms as A
 from benchmarks.feedback.sim import LABEL, SimModel, prompt_for
-from benchmarks.feedback.tasks import Check, check_passes, tasks
+from benchmarks.feedback.tasks import Check, cause, check_passes, parse, right_value, tasks
 
 CFG, _SHA = bench.load_config()
 
@@ -46,6 +52,102 @@ def test_the_simulation_and_the_loops_never_read_hidden_checks(arm):
             changed += r1["success"] != r2["success"]
     # the hidden checks do matter for the score (the invariance above is not vacuous)
     assert changed > 0 or arm == "strong"
+
+
+class _Poisoned:
+    """A hidden check that can be told apart as hidden (``kind``, ``shown``) and fails the
+    test on any other use: its name, node, aspect or where."""
+    kind = "hidden"
+    shown = False
+
+    def __getattr__(self, name):
+        raise AssertionError(f"a loop or the model read a hidden check's {name!r}")
+
+
+def _poisoned(t):
+    return dataclasses.replace(t, checks=tuple(c for c in t.checks if c.shown)
+                               + (_Poisoned(),) * len(t.hidden_names))
+
+
+def _all_hidden(t):
+    """The same task with a hidden check on every aspect of every node."""
+    keep = [c for c in t.checks if c.shown]
+    new = [Check(f"zz_{n.name}_{a.name}_hidden", n.name, a.name, "hidden")
+           for n in t.nodes for a in n.aspects]
+    return dataclasses.replace(t, checks=tuple(keep + new))
+
+
+class _Recording:
+    """Wraps a run's model: records every call's whole input (prompt, previous, feedback
+    with its counterexamples, index) and output."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, []
+        self.seen_cases = model.seen_cases
+
+    def generate(self, prompt, previous, feedback, k):
+        c = self.model.generate(prompt, previous, feedback, k)
+        self.calls.append((prompt, previous, tuple((v.case, json.dumps(
+            v.counterexample, sort_keys=True)) for v in feedback), k, c.candidate))
+        return c
+
+
+def _calls(arm, t, seed, cfg=CFG, model=None):
+    ctx = A.Ctx(arm, t, cfg, seed)
+    ctx.model = _Recording(model(ctx) if model else ctx.model)
+    A.execute(ctx)
+    # threads (incr_par) may order calls of independent nodes differently: compare as a set
+    return sorted(ctx.model.calls, key=repr) if arm == "incr_par" else ctx.model.calls
+
+
+@pytest.mark.parametrize("arm", A.ARMS)
+def test_every_model_call_is_the_same_with_hidden_checks_poisoned_or_replaced(arm):
+    """The proof that the simulation cannot see hidden checks: every model call of a run --
+    its whole input (prompt, previous candidate, feedback and counterexamples) and its output
+    -- is the same whether the task's hidden checks are the real ones, replaced by others,
+    put on every aspect, or poisoned (any read of one fails the test)."""
+    for t in tasks()[::3]:
+        for seed in range(2):
+            ref = _calls(arm, t, seed)
+            assert ref
+            for variant in (_poisoned, _other_hidden, _all_hidden):
+                assert _calls(arm, variant(t), seed) == ref, (arm, t.id, seed, variant.__name__)
+
+
+class _Cheat(SimModel):
+    """The bug issue 16 reported, on purpose: an edit also sets every aspect a hidden check
+    of the node covers to its right value (as a model choosing its fix from all defects,
+    hidden ones included, would)."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx.cfg, ctx.seed)
+        self.task = ctx.task
+
+    def generate(self, prompt, previous, feedback, k):
+        c = super().generate(prompt, previous, feedback, k)
+        if previous is None or not feedback:
+            return c
+        d = json.loads(c.candidate)
+        for chk in self.task.checks:
+            if not chk.shown and chk.node == prompt.node:
+                d["own"][chk.aspect] = dict(prompt.request)[chk.aspect]
+        c.candidate = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        return c
+
+
+def test_the_proof_catches_a_model_that_reads_hidden_checks():
+    """The invariance test above can fail: a model that peeks at the hidden checks is caught
+    by the poisoned checks (it raises) and by the replaced ones (its calls change)."""
+    t = next(t for t in tasks() if t.id == "chain-4-gap-noprotect")
+    caught = changed = 0
+    for seed in range(4):
+        try:
+            _calls("recheck", _poisoned(t), seed, model=_Cheat)
+        except AssertionError as e:
+            caught += "hidden check" in str(e)
+        changed += (_calls("recheck", t, seed, model=_Cheat)
+                    != _calls("recheck", _other_hidden(t), seed, model=_Cheat))
+    assert caught and changed
 
 
 def test_the_prompt_is_the_same_whatever_the_checks():
@@ -508,6 +610,18 @@ def test_a_real_model_run_goes_through_the_sdk_over_http(tmp_path, monkeypatch, 
     assert hidden and not any(f'case {h}' in wire or f'"{h}"' in wire for h in hidden)
     # tokens are the server's usage figures
     assert sum(m["tokens"]["mean"] * m["runs"] for m in res["runs"].values()) > 0
+    # every call is transcribed: one line per request, with what was sent and the reply
+    tr = [json.loads(x) for x in out.with_suffix(".transcripts.jsonl").read_text().splitlines()]
+    assert len(tr) == len(srv.requests)
+    assert {x["arm"] for x in tr} == {"single", "recheck", "incr", "incr_norevert"}
+    assert {x["task"] for x in tr} == set(picked) and {x["seed"] for x in tr} == {0}
+    sent = [next(m["content"] for m in b["messages"] if m["role"] == "user")
+            for _p, _h, b in srv.requests]
+    assert sorted(x["user"] for x in tr) == sorted(sent)
+    replies = {x["reply"] for x in tr}
+    assert all(r.startswith("{") for r in replies)
+    assert any(x["feedback"] and x["previous"] for x in tr)
+    assert not any(f["case"] in hidden for x in tr for f in x["feedback"])
     # the fake fixes what feedback names: the loops with feedback beat one pass
     assert res["runs"]["incr"]["success"]["mean"] > res["runs"]["single"]["success"]["mean"]
 
@@ -530,3 +644,176 @@ def test_per_task_means(rows):
     assert pt[t]["incr_reuse"]["calls"] == pytest.approx(sum(r["calls"] for r in rs) / len(rs))
     assert pt[t]["incr_reuse"]["reused_accepted"] == pytest.approx(
         sum(r["reused_accepted"] for r in rs) / len(rs))
+
+
+# --- concurrency and measured wall time --------------------------------------------------------
+
+
+def _task(tid):
+    return next(t for t in tasks() if t.id == tid)
+
+
+def test_a_plain_arm_makes_one_levels_calls_at_once_in_the_walltime_run():
+    """With workers (the wall-time run), the two nodes sharing the diamond's root make their
+    first calls at once: each waits at a barrier that needs both in flight."""
+    t = _task("diamond-2")
+    for arm in ("whole", "resample", "single"):
+        ctx = A.Ctx(arm, t, CFG, 0)
+        ctx.workers = 4
+        barrier, met = threading.Barrier(2, timeout=20), []
+
+        def hook(node, k, inst):
+            if node in ("b1", "b2") and k == 0:
+                barrier.wait()
+                met.append(node)
+
+        ctx.after_call = hook
+        A.execute(ctx)
+        assert sorted(met) == ["b1", "b2"] and ctx.peak_in_flight >= 2, arm
+
+
+def test_level_parallel_plain_arms_make_the_same_calls_as_in_order():
+    for arm in ("resample", "whole", "cache", "recheck", "strong"):
+        for t in tasks()[::4]:
+            a, b = A.Ctx(arm, t, CFG, 1), A.Ctx(arm, t, CFG, 1)
+            b.workers = 4
+            ra, rb = A.score(a, A.execute(a)), A.score(b, A.execute(b))
+            if ra["capped"]:
+                continue      # where the meter runs out inside a level, the refused call may differ
+            assert sorted(a.log) == sorted(b.log) and ra["success"] == rb["success"], (arm, t.id)
+
+
+def test_incr_par_demands_through_gather_on_a_threaded_runtime(monkeypatch):
+    seen = Counter()
+    real_gather, real_runtime = A.incr.gather, A.incr.Runtime
+
+    def gather(*thunks):
+        seen["gather"] += 1
+        return real_gather(*thunks)
+
+    def runtime(*args, **kw):
+        seen[f"max_workers={kw.get('max_workers')}"] += 1
+        return real_runtime(*args, **kw)
+
+    monkeypatch.setattr(A.incr, "gather", gather)
+    monkeypatch.setattr(A.incr, "Runtime", runtime)
+    t = _task("diamond-2")
+    r_par = A.run("incr_par", t, CFG, 0)
+    assert seen["gather"] > 0 and seen["max_workers=4"] == 1
+    seen.clear()
+    r = A.run("incr", t, CFG, 0)
+    assert seen["gather"] == 0 and seen["max_workers=1"] == 1
+    # incr.gather makes the calls of demanding in order: the same run
+    assert sorted(r["log"]) == sorted(r_par["log"]) and r["success"] == r_par["success"]
+
+
+def test_wall_time_is_measured_with_real_sleeps():
+    scale = CFG["harness"]["walltime_scale"]
+    ts = [_task("chain-3"), _task("diamond-2")]
+    rows = bench.walltime_rows(CFG, ["incr", "whole"], [0], ts)
+    assert len(rows) == 4
+    for r in rows:
+        assert r["wall_unit"] == pytest.approx(A.unit_latency(_task(r["task"]), CFG) * scale)
+        if r["arm"] == "incr":
+            # one thread: its sleeps follow one another, so the measured time holds them all
+            assert r["wall_s"] >= r["latency_s"] * scale
+            assert r["peak_in_flight"] == 1
+    assert any(r["peak_in_flight"] >= 2 for r in rows if r["arm"] == "whole")
+
+
+def test_the_wall_time_curve_cuts_each_run_at_the_cap():
+    rows = [{"arm": "x", "seed": s, "wall_s": w, "wall_unit": 1.0, "capped": False,
+             "success": ok, "wrong_accepted": not ok} for s, w, ok in
+            ((0, 1.0, True), (0, 3.0, True), (1, 2.0, False), (1, 5.0, True))]
+    e = bench.equal_spend(rows, "wall", [0.5, 2.5, 100.0], [2.0], 20, ref="x")
+    c = e["arms"]["x"]["curve"]
+    assert c[0]["success"] == 0 and c[0]["spend"] == pytest.approx(0.5)
+    assert c[1]["success"] == pytest.approx(0.25)            # only the 1 s run finished
+    assert c[1]["spend"] == pytest.approx((1.0 + 2.5 + 2.0 + 2.5) / 4)
+    assert c[2]["success"] == pytest.approx(0.75) and c[2]["spend"] == pytest.approx(11 / 4)
+
+
+# --- imprecise blame, climbing through Reject ----------------------------------------------------
+
+
+def test_blame_is_imprecise_and_incr_climbs_upstream_through_reject():
+    """The validator blames the wrong node on the dependency path some of the time; the loop's
+    policy climbs; incr raises ``incr.Reject`` at nodes above the checked one and does reach
+    a cause at the chain's root (first answer of n1 wrong, run successful)."""
+    blamed = Counter()
+    rejects_far = reached_root = 0
+    for t in [t for t in tasks() if t.family == "chain" and not t.control]:
+        for seed in range(12):
+            ctx = A.Ctx("incr", t, CFG, seed)
+            real_blame = ctx.blame
+
+            far = []
+
+            def blame(chk, current, ctx=ctx, real=real_blame, far=far):
+                true = cause(ctx.task, chk, current, ctx.env)
+                node, cex = real(chk, current)
+                blamed["right" if node == true else "wrong"] += 1
+                names = [n.name for n in ctx.task.nodes]
+                # in incr every blame of a downstream check is an incr.Reject of that node
+                far.append(names.index(chk.node) - names.index(node) >= 2)
+                return node, cex
+
+            ctx.blame = blame
+            r = A.score(ctx, A.execute(ctx))
+            rejects_far += sum(far)
+            first_n1 = parse(ctx.firsts[0]["n1"])["own"]["f"]
+            reached_root += r["success"] and first_n1 != right_value(t.nodes[0].aspect("f"), 1)
+    assert blamed["right"] and blamed["wrong"]
+    assert rejects_far and reached_root
+
+
+def test_in_the_chain_family_the_visible_failure_shows_downstream_of_its_cause():
+    for t in [t for t in tasks() if t.family == "chain"]:
+        vis_f = {c.node for c in t.visible if c.aspect == "f"}
+        assert t.nodes[-1].name in vis_f and t.nodes[0].name not in vis_f, t.id
+        assert all(n.embed for n in t.nodes) and all(n.reads for n in t.nodes[1:])
+
+
+def test_calls_avoided_by_pass_and_by_revalidation_are_counted_for_incr_only():
+    got = Counter()
+    for t in tasks()[::3]:
+        for arm in ("incr", "recheck"):
+            r = A.run(arm, t, CFG, 0)
+            got[arm, "pass"] += r["passes"]
+            got[arm, "reval"] += r["revalidated"]
+    assert got["incr", "pass"] > 0 and got["incr", "reval"] > 0
+    assert got["recheck", "pass"] == got["recheck", "reval"] == 0
+
+
+def test_the_page_blocks_are_the_committed_results():
+    """docs/evaluation.md's result blocks are what the committed results.json prints (filled
+    by ``python -m benchmarks.feedback.page``), and the results come from a clean commit with
+    the pre-registered config and the page's task set."""
+    from benchmarks.feedback import page
+
+    res = json.loads(page.RESULTS.read_text())
+    text = page.PAGE.read_text()
+    assert page.BLOCK.findall(text), "the page has no result blocks"
+    assert page.render(text, res) == text, "run: python -m benchmarks.feedback.page"
+    assert res["config_sha256"] == _SHA and res["deviations"] == []
+    assert not res["git_commit"].endswith("+dirty") and res["simulated"] is True
+    assert len(res["tasks"]) == len(tasks()) and len(res["arms"]) == len(A.ARMS)
+    n_seeds = res["seeds"][1] - res["seeds"][0] + 1
+    assert n_seeds == CFG["harness"]["seeds"]
+    assert all(m["runs"] == n_seeds * len(tasks()) for m in res["runs"].values())
+    for stale in ("ten tasks", "2,000 task runs", "1,600"):
+        assert stale not in text
+
+
+def test_every_preregistered_parameter_is_read_or_refused():
+    """A parameter in config.toml that the harness ignored would be a false record: each is
+    read somewhere in benchmarks/feedback, and the one with a single implemented value
+    refuses any other."""
+    import pathlib
+
+    src = "".join(p.read_text() for p in pathlib.Path(bench.HERE).glob("*.py"))
+    for sec, vals in CFG.items():
+        for key in vals:
+            assert f'"{key}"' in src, f"[{sec}] {key} is never read"
+    with pytest.raises(SystemExit, match="upstream_change_after_round"):
+        bench.load_config(overrides=["harness.upstream_change_after_round=2"])

@@ -203,7 +203,9 @@ def test_ping_pong_is_bounded_by_the_blamed_nodes_budget(rt):
     assert rt.state(node, 0).status == "failed"
 
 
-def test_reject_of_something_that_is_not_a_node_propagates(rt):
+def test_reject_of_something_that_is_not_a_node_is_a_type_error(rt):
+    """A Reject names the LLM node whose candidate is wrong; a plain cell cannot generate again,
+    so blaming one is a TypeError (raised where the Reject is made), not a NACK."""
     @incr.cell
     def plain():
         return 1
@@ -214,8 +216,9 @@ def test_reject_of_something_that_is_not_a_node_propagates(rt):
         raise incr.Reject(plain, case="x")
 
     with rt:
-        with pytest.raises(incr.Reject):
+        with pytest.raises(TypeError, match="must be the LLM node.*plain cell"):
             bad()
+        assert plain() == 1                       # the runtime stays usable
 
 
 def test_regression_cases_are_fed_back_and_rechecked(rt):
@@ -286,7 +289,11 @@ def test_effect_runs_behind_accepted_candidates_and_again_only_on_change(rt, log
     g = Gen("draft 1", "draft 2")
     sent = []
 
-    @incr.llm(version="e")
+    @incr.validator(version="1")
+    def polite(candidate, x):
+        return incr.ACK("polite")
+
+    @incr.llm(validators=[polite], version="e")
     def email(x, *, previous=None, feedback=()):
         return g(x, previous=previous, feedback=feedback)
 
@@ -302,6 +309,48 @@ def test_effect_runs_behind_accepted_candidates_and_again_only_on_change(rt, log
         rt.nack(email, 0, revision=1, case="tone", counterexample="too curt")
         send(0)
     assert sent == ["draft 1", "draft 2"]
+
+
+def test_effect_does_not_run_on_an_unvalidated_node_even_through_a_cached_cell(rt):
+    """An effect runs only once every LLM node it depends on is stable: a node with no
+    validators is "unvalidated", so reading it -- directly, or through a plain cell computed
+    earlier outside the effect -- fails the effect's run before it gets the value; an ACK
+    makes the node stable and the effect then runs once; allow_unvalidated=True opts out."""
+    g = Gen("draft", "other")
+    sent, also = [], []
+
+    @incr.llm(version="u")
+    def email(x, *, previous=None, feedback=()):
+        return g(x, previous=previous, feedback=feedback)
+
+    @incr.cell
+    def subject(x):
+        return email(x).upper()
+
+    @incr.effect
+    def send(x):
+        sent.append(subject(x))
+        return 1
+
+    @incr.effect(allow_unvalidated=True)
+    def send_anyway(x):
+        also.append(email(x))
+        return 1
+
+    with rt:
+        assert subject(0) == "DRAFT"                 # computed (and cached) outside the effect
+        with pytest.raises(incr.IncrError, match=r"unvalidated.*allow_unvalidated"):
+            send(0)
+        assert sent == []
+        assert rt.state(email, 0).status == "unvalidated"
+        rt.ack(email, 0, revision=1, case="human-review")
+        assert rt.state(email, 0).status == "stable"
+        send(0)
+        send(0)
+        send_anyway(0)
+    assert sent == ["DRAFT"] and also == ["draft"] and len(g.calls) == 1
+    with pytest.raises(TypeError, match="allow_unvalidated"):
+        incr.effect(allow_unvalidated="yes")
 
 
 def test_effect_does_not_run_when_its_node_is_not_accepted(rt):
@@ -424,10 +473,11 @@ def test_an_outside_verdict_incr_cannot_keep_is_refused_before_anything_changes(
 
 @pytest.mark.parametrize("store", [False, True], ids=["memory", "store"])
 def test_a_validator_verdict_incr_cannot_keep_becomes_unknown(tmp_path, store):
-    """A validator that yields a verdict incr cannot record (a case that is not a str, a
-    payload with neither an encoding nor a repr, a reason that is not a str) gets UNKNOWN in its
-    place, with a reason naming the problem; its other verdicts count; nothing crashes, and the
-    state is stored and read back."""
+    """A validator that yields a verdict incr cannot record (a payload with neither an
+    encoding nor a repr) gets UNKNOWN in its place, with a reason naming the problem; one that
+    makes a verdict with a bad text field (a case or reason that is not a str: a TypeError where
+    the verdict is made) raised, which is UNKNOWN too; its other verdicts count; nothing
+    crashes, and the state is stored and read back."""
     import warnings
 
     path = str(tmp_path / "s") if store else None
@@ -436,9 +486,8 @@ def test_a_validator_verdict_incr_cannot_keep_becomes_unknown(tmp_path, store):
     @incr.validator(version="1")
     def sloppy(candidate, k):
         yield incr.ACK("fine")
-        yield incr.NACK(7, counterexample="x")                   # case: not a str
         yield incr.ACK("shown", evidence=NoRepr())
-        yield incr.UNKNOWN("why", reason=3)
+        yield incr.UNKNOWN("why", reason=3)                      # reason: not a str (raises)
 
     @incr.llm(validators=[sloppy], version="1", budget=incr.Budget(max_attempts=1))
     def node(k, *, previous=None, feedback=()):
@@ -450,11 +499,9 @@ def test_a_validator_verdict_incr_cannot_keep_becomes_unknown(tmp_path, store):
     assert e.value.reason == "unknown"                          # UNKNOWN, never NACK or ACK
     checks = rt.state(node, 0).checks
     got = {(k[2], v.kind): getattr(v, "reason", "") for k, v in checks.items()}
-    assert set(got) == {("fine", "ACK"), ("*", "UNKNOWN"), ("shown", "UNKNOWN"),
-                        ("why", "UNKNOWN")}
-    assert "unusable NACK: case must be a str" in got[("*", "UNKNOWN")]
+    assert set(got) == {("fine", "ACK"), ("*", "UNKNOWN"), ("shown", "UNKNOWN")}
+    assert "raised TypeError: incr.UNKNOWN: reason must be a str" in got[("*", "UNKNOWN")]
     assert "unusable ACK: evidence is" in got[("shown", "UNKNOWN")]
-    assert "unusable UNKNOWN: reason must be a str" in got[("why", "UNKNOWN")]
     rt._check()
     rt.close()
     if store:

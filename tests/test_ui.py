@@ -271,3 +271,116 @@ def test_ui_answers_only_to_its_own_address(store):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _get(url):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return r.read()
+
+
+def test_a_snapshot_is_built_once_per_store_state_and_the_page_never_queues_them(
+        store, browser, monkeypatch):
+    """A large store made small: the snapshot is built once per stamp (served again from
+    memory), and while one is being built the page, ticking every second, sends no other
+    request (it waits for the answer): the build is held until the page has ticked 3 times."""
+    import threading
+    from incr import ui as ui_mod
+    server = ui_mod.serve(store, 0)
+    try:
+        builds = ui_mod.builds
+        a = _get(server.url + "api/snapshot?all=0")
+        b = _get(server.url + "api/snapshot?all=0")
+        assert a == b and ui_mod.builds == builds + 1          # the second from memory
+        _get(server.url + "api/snapshot?all=1")
+        assert ui_mod.builds == builds + 2                     # another view: built
+        p = subprocess.run([sys.executable, "-c", SECOND, store], capture_output=True,
+                           text=True, env=env(), cwd=ROOT)
+        assert p.returncode == 0, p.stderr
+        c = _get(server.url + "api/snapshot?all=0")
+        assert c != a and ui_mod.builds == builds + 3          # the store changed: rebuilt
+
+        hold, held = threading.Event(), threading.Event()
+        calls = []
+        real = ui_mod._read
+
+        def slow(*args):
+            calls.append(args)
+            held.set()
+            assert hold.wait(120)
+            return real(*args)
+        monkeypatch.setattr(ui_mod, "_read", slow)
+        monkeypatch.setattr(ui_mod, "_built", {})               # the next request builds
+        requests = []
+        page = browser.new_page()
+        page.on("request", lambda r: requests.append(r.url[len(server.url):]))
+        page.goto(server.url)
+        assert held.wait(60)
+        page.wait_for_function("Number(document.body.dataset.ticks || 0) >= 4",
+                               timeout=60_000)
+        assert [r for r in requests if r.startswith("api/")] == \
+            ["api/stamp", "api/snapshot?all=0"], requests
+        hold.set()
+        wait_ready(page)
+        assert len(calls) == 1
+        page.close()
+    finally:
+        hold_set = locals().get("hold")
+        if hold_set is not None:
+            hold_set.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_above_max_layout_the_page_lists_the_nodes(store, browser):
+    from incr import ui as ui_mod
+    g = graph_json(store)
+    server = ui_mod.serve(store, 0, max_layout=len(g["nodes"]) - 1)
+    try:
+        page = browser.new_page()
+        page.goto(server.url)
+        wait_ready(page)
+        msg = page.locator("#nodot").inner_text()
+        assert f"{len(g['nodes'])} nodes are more than" in msg and "--max-layout" in msg
+        assert page.locator("#nodot button").count() == len(g["nodes"])
+        labels = page.locator("#nodot button").all_inner_texts()
+        initials = [t.split(": ", 1)[1][0].lower() for t in labels]
+        assert initials == sorted(initials), labels                   # sorted by name
+        page.fill("#filter", "write_sql")
+        assert page.locator("#nodot button:visible").all_inner_texts() == ["llm: write_sql('q')"]
+        page.fill("#filter", "")
+        assert page.locator("#nodot button:visible").count() == len(g["nodes"])
+        page.locator("#nodot button", has_text="write_sql('q')").click()
+        assert "sql_checks" in page.locator("#details").inner_text()
+    finally:
+        server.shutdown()
+        server.server_close()
+    html = os.path.join(os.path.dirname(store), "page.html")
+    assert main(["graph", store, "--format", "html", "--max-layout", "3", "-o", html]) == 0
+    with open(html, encoding="utf-8") as f:
+        text = f.read()
+    assert "nodes are more than" in text and "<svg" not in text.split("<script", 1)[0]
+
+
+def test_on_a_large_store_details_are_read_when_a_node_is_clicked(store, browser):
+    """Above lazy_details nodes (here 0: every store is large) the snapshot leaves the details
+    out and the page asks for a node's on click: the same verdicts as the full page shows."""
+    from incr import ui as ui_mod
+    server = ui_mod.serve(store, 0, lazy_details=0)
+    try:
+        snap = json.loads(_get(server.url + "api/snapshot?all=0"))
+        assert snap["lazy_details"] is True and snap["details"] == {}
+        g = snap["graph"]
+        llm = next(i for i, n in g["nodes"].items() if n["label"] == "write_sql('q')")
+        page = browser.new_page()
+        page.goto(server.url)
+        wait_ready(page)
+        page.locator(f'[id="{llm}"]').first.click()
+        page.wait_for_selector(f'#details[data-id="{llm}"]', timeout=60_000)
+        text = page.locator("#details").inner_text()
+        assert "sql_checks" in text and "Verdicts on the current candidate" in text
+        missing = json.loads(_get(server.url + "api/details?all=0&id=nope"))
+        assert "not in the store's trace" in missing["error"]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -36,6 +36,12 @@ def load_config(path=CONFIG, overrides=()):
         if sec not in cfg or name not in cfg[sec]:
             raise SystemExit(f"--set {item}: no such parameter")
         cfg[sec][name] = type(cfg[sec][name])(json.loads(val))
+    if cfg["harness"].get("upstream_change_after_round", 1) != 1:
+        # every arm changes the request after its first round (plain loops: after the first
+        # evaluation; incr: after a pass holding every node to its first answer); another
+        # round is not implemented, and a value the harness ignored would be a false record
+        raise SystemExit(f"harness.upstream_change_after_round = "
+                         f"{cfg['harness']['upstream_change_after_round']}: only 1 is implemented")
     return cfg, hashlib.sha256(raw).hexdigest()
 
 
@@ -60,6 +66,8 @@ def run_grid(cfg, seeds, arm_names, task_list=None):
 
 
 def unit_of(row, unit):
+    if unit == "wall":
+        return row["wall_unit"]
     return {"cost": row["unit"], "calls": row["nodes"], "tokens": row["unit_tokens"]}[unit]
 
 
@@ -69,6 +77,11 @@ def truncate(row, unit, cap_multiple):
     capped run). A run the harness itself cut off (``capped``) that would need more than it
     got is not completed."""
     cap = cap_multiple * unit_of(row, unit)
+    if unit == "wall":
+        # measured, not replayable: the run as it went, cut at the cap (what it had returned
+        # by then; a run still going is not completed)
+        return (row["wall_s"] <= cap and not row["capped"],
+                min(row["wall_s"], cap) / unit_of(row, unit))
     spent = 0.0
     for cost, tokens in row["log"]:
         if spent >= cap - 1e-9:
@@ -180,7 +193,7 @@ def equal_spend(rows, unit, caps, points, reps, ref="incr", rng_seed=0):
 RUN_METRICS = ("success", "wrong_accepted", "escalated", "calls", "tokens", "cost", "latency_s",
                "checks_run", "rounds", "climbs", "kept", "broken_first", "protective_broken",
                "cache_hits", "reused", "reused_accepted", "reuse_unbacked", "reverts",
-               "regressions", "rebased", "engine_rebased", "flips")
+               "regressions", "rebased", "engine_rebased", "flips", "passes", "revalidated")
 MAX_K = 6          # per-attempt tables pool attempt indices >= MAX_K
 
 
@@ -426,18 +439,60 @@ def flaky(cfg, arm_names, seeds, clean_rows, reps):
     return out
 
 
-def walltime(cfg, arm_names, seeds):
-    """Real threads, real sleeps: seconds per task, measured."""
+def walltime_rows(cfg, arm_names, seeds, task_list=None):
+    """Real threads, real sleeps: every arm on every task, each call's simulated latency slept
+    (``walltime_scale`` real seconds per simulated second) and each run's wall time measured
+    with ``time.perf_counter`` around the arm (the harness's and the engine's own work
+    included). Concurrency: a plain arm makes the independent calls of one graph level at
+    once (4 threads); ``incr_par`` is the engine with ``max_workers=4`` demanding through
+    ``incr.gather``; ``incr``, ``incr_norevert`` and ``incr_reuse`` run as in the main run
+    (``max_workers=1``). Each row records the peak number of model calls in flight."""
     scale = cfg["harness"]["walltime_scale"]
-    out = {}
+    rows = []
     for arm in arm_names:
-        t0 = time.perf_counter()
-        rs = [A.run(arm, t, cfg, s, sleep_scale=scale) for s in seeds for t in tasks()]
-        wall = time.perf_counter() - t0
-        out[arm] = {"wall_s_per_task": wall / len(rs),
-                    "simulated_serial_latency_s_per_task":
-                        sum(r["latency_s"] for r in rs) / len(rs) * scale,
-                    "success": sum(r["success"] for r in rs) / len(rs), "runs": len(rs)}
+        for s in seeds:
+            for t in task_list or tasks():
+                ctx = A.Ctx(arm, t, cfg, s, sleep_scale=scale)
+                if arm not in A.INCR_ARMS:
+                    ctx.workers = 4
+                t0 = time.perf_counter()
+                out = A.execute(ctx)
+                wall = time.perf_counter() - t0
+                r = A.score(ctx, out)
+                r["wall_s"] = wall
+                r["wall_unit"] = A.unit_latency(t, cfg) * scale
+                r["peak_in_flight"] = ctx.peak_in_flight
+                rows.append(r)
+    return rows
+
+
+def walltime(cfg, arm_names, seeds, reps, main_rows=(), task_list=None):
+    """The wall-time run: per arm the measured seconds per task, the serial sum of its sleeps,
+    the peak calls in flight, how many runs made the same calls with the same outcome as the
+    main (serial, no sleep) run, and success against measured wall time as a curve with
+    seed-bootstrap intervals (``equal_spend`` with the unit ``wall``)."""
+    rows = walltime_rows(cfg, arm_names, seeds, task_list)
+    main = {(r["arm"], r["seed"], r["task"]): r for r in main_rows}
+    out = {"arms": {}}
+    for arm in arm_names:
+        rs = [r for r in rows if r["arm"] == arm]
+        pairs = [(r, main[(arm, r["seed"], r["task"])]) for r in rs
+                 if (arm, r["seed"], r["task"]) in main]
+        out["arms"][arm] = {
+            "wall_s_per_task": sum(r["wall_s"] for r in rs) / len(rs),
+            "wall_units_per_task": sum(r["wall_s"] / r["wall_unit"] for r in rs) / len(rs),
+            "simulated_serial_latency_s_per_task":
+                sum(r["latency_s"] for r in rs) / len(rs) * cfg["harness"]["walltime_scale"],
+            "success": sum(r["success"] for r in rs) / len(rs), "runs": len(rs),
+            "peak_in_flight_max": max(r["peak_in_flight"] for r in rs),
+            "runs_with_calls_at_once": sum(r["peak_in_flight"] >= 2 for r in rs),
+            # the same calls (as a multiset: threads may reorder them) and the same outcome
+            "same_as_main_run": sum(1 for r, m in pairs if sorted(r["log"]) == sorted(m["log"])
+                                    and r["success"] == m["success"]),
+            "compared_with_main_run": len(pairs),
+        }
+    h = cfg["harness"]
+    out["curve"] = equal_spend(rows, "wall", h["cap_multiples"], h["equal_spend_points"], reps)
     return out
 
 
@@ -456,18 +511,25 @@ def print_all(res, w=None):
     w = w or sys.stdout.write
     w(f"\n{res['model']}\nconfig {res['config_sha256'][:12]} at commit {res['git_commit']}; "
       f"seeds {res['seeds'][0]}-{res['seeds'][1]}; {len(res['tasks'])} tasks\n\n")
-    eq = res["equal_spend"]["cost"]
-    w("success vs spend (cost, in units of one base-model first call per node; mean per task, "
-      "success = accepted AND passes hidden checks)\n")
-    caps = eq["caps"]
-    w("(each cell: success [95% bootstrap CI over seeds] @ mean spend)\n")
-    w(f"{'arm':<13} " + " ".join(f"{'cap ' + str(m):>24}" for m in caps) + "\n")
-    for arm, d in eq["arms"].items():
-        w(f"{arm:<13} " + " ".join(
-            f"{p['success']:.2f} [{(p['success_ci'] or [p['success']] * 2)[0]:.2f},"
-            f"{(p['success_ci'] or [p['success']] * 2)[1]:.2f}] @{p['spend']:5.2f}"
-            for p in d["curve"]) + "\n")
-    for unit in UNITS:
+    def curve_table(unit, title):
+        eq = res["equal_spend"][unit]
+        w(title + "\n(each cell: success [95% bootstrap CI over seeds] @ mean spend)\n")
+        w(f"{'arm':<13} " + " ".join(f"{'cap ' + str(m):>24}" for m in eq["caps"]) + "\n")
+        for arm, d in eq["arms"].items():
+            w(f"{arm:<13} " + " ".join(
+                f"{p['success']:.2f} [{(p['success_ci'] or [p['success']] * 2)[0]:.2f},"
+                f"{(p['success_ci'] or [p['success']] * 2)[1]:.2f}] @{p['spend']:5.2f}"
+                for p in d["curve"]) + "\n")
+
+    curve_table("cost", "success vs spend (cost, in units of one base-model first call per node; "
+                        "mean per task, success = accepted AND passes hidden checks)")
+    if "wall" in res["equal_spend"]:
+        w("\n")
+        curve_table("wall", f"success vs MEASURED wall time (the wall-time run, "
+                            f"{res.get('walltime_seeds')} seeds; unit: the simulated latency of one "
+                            f"first call per node, one after the other, x walltime_scale; a run "
+                            f"not returned by the cap is not a success)")
+    for unit in res["equal_spend"]:
         e = res["equal_spend"][unit]
         w(f"\nat equal mean spend ({unit}; 95% bootstrap CI over seeds; incr - arm, paired)\n")
         w(f"{'arm':<13} " + " ".join(f"{'spend ' + str(x):>34}" for x in e["points"]) + "\n")
@@ -502,7 +564,8 @@ def print_all(res, w=None):
     for arm, m in runs.items():
         if arm in A.INCR_ARMS:
             w(f"{arm:<13} reused {m['reused']['mean']:.2f}  reused+accepted (calls avoided) "
-              f"{m['reused_accepted']['mean']:.2f}  accepted without an ACK "
+              f"{m['reused_accepted']['mean']:.2f}  PASS {m['passes']['mean']:.2f}  re-validated "
+              f"without a call {m['revalidated']['mean']:.2f}  accepted without an ACK "
               f"{m['reuse_unbacked']['mean']:.3f}  regressions {m['regressions']['mean']:.2f}  "
               f"reverts {m['reverts']['mean']:.2f}  retries built on an earlier revision "
               f"{m['rebased']['mean']:.2f} (the engine handed one: "
@@ -555,7 +618,11 @@ def print_all(res, w=None):
                 f"{d['wrong_accepted']:.2f} avoided {d['reused_accepted']:.2f}/{d['reused']:.2f}"
                 for arm, d in pt[t].items() if arm in ("incr", "incr_reuse")) + "\n")
     fams = list(next(iter(runs.values()))["families"])
-    w("\nsuccess per family (uncapped)\n" + f"{'arm':<13} " + " ".join(f"{f:>18}" for f in fams) + "\n")
+    cov = {f: [t["coverage"] for t in res["tasks"] if t["family"] == f] for f in fams}
+    w("\nsuccess per family (uncapped); coverage = share of aspects with a visible or protective "
+      "check, mean over the family's tasks\n" + f"{'arm':<13} " + " ".join(f"{f:>18}" for f in fams)
+      + "\n" + f"{'coverage':<13} " + " ".join(
+          f"{sum(cov[f]) / len(cov[f]) if cov[f] else 0:>18.2f}" for f in fams) + "\n")
     for arm, m in runs.items():
         w(f"{arm:<13} " + " ".join(f"{fci(m['families'][f]):>18}" for f in fams) + "\n")
     kor = res.get("keep_or_revert")
@@ -573,9 +640,12 @@ def print_all(res, w=None):
         w(f"\nmeasured wall time (real threads; sleeps of {res['config']['harness']['walltime_scale']}"
           f" s per simulated s; {res['walltime_seeds']} seeds)\n")
         for arm, d in res["walltime"].items():
-            w(f"{arm:<13} wall {d['wall_s_per_task'] * 1000:7.1f} ms/task   serial sum of sleeps "
-              f"{d['simulated_serial_latency_s_per_task'] * 1000:7.1f} ms/task   success "
-              f"{d['success']:.2f}\n")
+            w(f"{arm:<13} wall {d['wall_s_per_task'] * 1000:7.1f} ms/task ({d['wall_units_per_task']:.2f}"
+              f" units)   serial sum of sleeps {d['simulated_serial_latency_s_per_task'] * 1000:7.1f}"
+              f" ms/task   success {d['success']:.2f}   calls at once: peak "
+              f"{d.get('peak_in_flight_max', '-')}, in {d.get('runs_with_calls_at_once', '-')} of "
+              f"{d['runs']} runs   same calls and outcome as the main run "
+              f"{d.get('same_as_main_run', '-')}/{d.get('compared_with_main_run', '-')}\n")
     if res.get("flaky"):
         fl = res["flaky"]
         w(f"\nflaky validators (pre-registered p_flaky = {fl['p_flaky']}; seeds "
@@ -690,8 +760,9 @@ def _main(a, argv, real) -> int:
     if not a.quick and real is None:
         ws = list(range(h["walltime_seeds"]))
         res["walltime_seeds"] = len(ws)
-        res["walltime"] = walltime(cfg, [x for x in ("recheck", "incr", "incr_par")
-                                         if x in arm_names], ws)
+        wt = walltime(cfg, arm_names, ws, reps, rows, task_list)
+        res["walltime"] = wt["arms"]
+        res["equal_spend"]["wall"] = wt["curve"]
         fs = list(range(seeds[0], seeds[0] + min(len(seeds), h["flaky_seeds"])))
         res["flaky"] = flaky(cfg, arm_names, fs, rows, reps)
     if a.sweep:
@@ -718,6 +789,11 @@ def _main(a, argv, real) -> int:
     out = Path(a.out) if a.out else HERE / ("results-real.json" if real is not None else
                                             "results-quick.json" if a.quick else "results.json")
     out.write_text(json.dumps(res, indent=1) + "\n")
+    if real is not None:
+        tr = out.with_suffix(".transcripts.jsonl")
+        tr.write_text("".join(json.dumps(x, sort_keys=True, default=str) + "\n"
+                              for x in real.transcript))
+        print(f"{len(real.transcript)} model calls transcribed in {tr}")
     plot = a.plot or (None if a.quick or real is not None else
                       str(ROOT / "docs" / "evaluation.svg"))
     if plot:

@@ -25,7 +25,9 @@ checked node after the top); a case that passes resets it.
   generator reads its upstream nodes and whose ``@incr.validator`` runs its sync checks
   (NACK for itself, ``incr.Reject`` when blame points upstream); a composing ``@incr.cell``
   runs the downstream checks and raises ``incr.Reject(node, ...)``. ``incr_par`` is the same
-  with ``max_workers=4`` driven by ``rt.observe`` + ``rt.stabilize()``.
+  with ``max_workers=4`` driven by ``rt.observe`` + ``rt.stabilize()``, every demand of
+  several nodes made through ``incr.gather`` (the engine makes their model calls at once; the
+  calls and values are those of demanding them in order, and a test checks the runs equal).
 - ``incr_reuse``: ``incr`` with ``@incr.llm(reuse="revalidate")``: on a task with several
   instances, a node's new instance first re-validates the accepted candidate of the previous
   instance under its own validators, accepted only on that evidence; if it fails, the
@@ -43,6 +45,11 @@ Every incr arm but ``incr_norevert`` runs with the loop control of the engine's 
 monitor). Multi-instance tasks run their
 instances in turn on one meter; every arm runs each instance's loop in full.
 
+Concurrency (the wall-time run, ``Ctx.workers``): a plain arm makes the calls of one graph
+level (nodes none of which reads another) at once in threads; the incr arms run as above. Every
+call sleeps its simulated latency times the run's scale outside the meter's lock, and the
+meter counts the calls in flight (``peak_in_flight``).
+
 Flaky validators (``[validator] p_flaky``): every visible check evaluation gives the wrong
 verdict with that probability, drawn afresh each time it is evaluated (so the same candidate
 may get both verdicts).
@@ -55,6 +62,7 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import incr
 from benchmarks.feedback.sim import SimModel, prompt_for
@@ -108,6 +116,18 @@ def unit_cost(task: Task, cfg: dict) -> tuple[float, int]:
     return cost * task.instances, tokens * task.instances
 
 
+def unit_latency(task: Task, cfg: dict) -> float:
+    """Simulated seconds of one base-model first call per node, one after the other: the unit
+    of the wall-time axis (times the wall-time run's sleep scale)."""
+    m = SimModel(cfg, 0)
+    c = cfg["cost"]
+    secs = 0.0
+    for n in task.nodes:
+        _pt, ct, _c = m._tokens(prompt_for(task, n.name, 1, {}), None, ())
+        secs += c["latency_base"] + c["latency_per_answer_token"] * ct
+    return secs * task.instances
+
+
 class Ctx:
     def __init__(self, arm: str, task: Task, cfg: dict, seed: int, cap_multiple=None,
                  sleep_scale: float = 0.0):
@@ -118,7 +138,7 @@ class Ctx:
             raise ValueError("the strong arm is the simulated stronger model: with a real "
                              "model, leave it out of --arms")
         else:
-            self.model = REAL_MODEL.for_run(cfg)
+            self.model = REAL_MODEL.for_run(cfg, arm=arm, seed=seed, task=task.id)
         h = cfg["harness"]
         self.unit, self.unit_tokens = unit_cost(task, cfg)
         mult = cap_multiple
@@ -145,11 +165,23 @@ class Ctx:
         self.checks_run = 0
         self.climbs = 0
         self.kept = 0                # downstream candidates kept by re-validation
+        # incr arms, per node demanded by a composing pass after its first: answered with no
+        # model call and no validator run (the PASS path), or with validators only
+        # (re-validated, no model call)
+        self.passes = self.revalidated = 0
+        self.first_call_seen: set = set()
         self.cache_hits = 0
         self.levels: dict = {}
         self.phase1 = False
         self.capped = False
         self.lock = threading.Lock()
+        # concurrency: threads a plain arm uses for the independent calls of one graph level
+        # (1 = in order; the wall-time run sets more), model calls in flight now and at most
+        # (counted from the meter's grant to the end of the call's latency sleep), and a hook
+        # run in the calling thread after each call (tests put a barrier there)
+        self.workers = 1
+        self.in_flight = self.peak_in_flight = 0
+        self.after_call = None
 
     @property
     def env(self) -> int:
@@ -186,8 +218,16 @@ class Ctx:
             self.log.append((node, k, c.cost, c.tokens, self.inst, c.candidate, self.env))
             self.cur[node] = c.candidate
             self.first.setdefault(node, c.candidate)
-        if self.sleep_scale:
-            time.sleep(c.seconds * self.sleep_scale)
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if self.sleep_scale:
+                time.sleep(c.seconds * self.sleep_scale)
+            if self.after_call is not None:
+                self.after_call(node, k, self.inst)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
         return c
 
     # -- checks and blame ----------------------------------------------------------------------
@@ -265,8 +305,9 @@ def run_plain(ctx: Ctx) -> dict:
         key = (n, ctx.env, tuple(ctx.cur.get(r) for r in reads[n]),
                tuple((v.case, json.dumps(v.counterexample, sort_keys=True)) for v in fb[n]))
         if key in cache:
-            ctx.cache_hits += 1
-            ctx.cur[n] = cache[key]
+            with ctx.lock:
+                ctx.cache_hits += 1
+                ctx.cur[n] = cache[key]
             return
         gen(n, True)
         cache[key] = ctx.cur[n]
@@ -293,6 +334,35 @@ def run_plain(ctx: Ctx) -> dict:
                 stale[n] = v
         return fails, stale
 
+    depth: dict = {}
+    for n in order:
+        depth[n] = 1 + max((depth[r] for r in reads[n]), default=-1)
+    pool = None
+
+    def each(names, fn):
+        """fn(n) for the nodes ``names`` (in topological order), level by level; the nodes of
+        one level (none reads another) at once in ``ctx.workers`` threads. Their model calls
+        do not depend on the order (each call's random numbers are keyed by node and index);
+        where the meter runs out inside a level, which of them it refuses may."""
+        nonlocal pool
+        names = list(names)
+        if ctx.workers <= 1:
+            for n in names:
+                fn(n)
+            return
+        for lv in sorted({depth[n] for n in names}):
+            group = [n for n in names if depth[n] == lv]
+            if len(group) == 1:
+                fn(group[0])
+                continue
+            if pool is None:
+                pool = ThreadPoolExecutor(max_workers=ctx.workers)
+            futs = [pool.submit(fn, n) for n in group]
+            errs = [f.exception() for f in futs]
+            for e in errs:
+                if e is not None:
+                    raise e
+
     reached = [1]
 
     def one() -> tuple:
@@ -300,8 +370,7 @@ def run_plain(ctx: Ctx) -> dict:
         for n in order:
             fb[n] = []
         accepted, reason, rounds = False, None, 1
-        for n in order:
-            gen_cached(n) if arm == "cache" else gen(n, False)
+        each(order, gen_cached if arm == "cache" else (lambda n: gen(n, False)))
         changed = False
         while True:
             fails, stale = evaluate()
@@ -333,19 +402,13 @@ def run_plain(ctx: Ctx) -> dict:
             if arm in ("resample", "strong"):
                 for t in list(blamed):
                     hit.update(task.downstream(t))
-                for n in order:
-                    if n in hit:
-                        gen(n, False)
+                each([n for n in order if n in hit], lambda n: gen(n, False))
             elif arm == "whole":
-                for n in order:
-                    gen(n, n in blamed)
+                each(order, lambda n: gen(n, n in blamed))
             elif arm == "cache":
-                for n in order:
-                    gen_cached(n)
+                each(order, gen_cached)
             elif arm == "recheck":
-                for n in order:
-                    if n in blamed:
-                        gen(n, True)
+                each([n for n in order if n in blamed], lambda n: gen(n, True))
             else:
                 raise ValueError(arm)
         return accepted, reason, rounds
@@ -361,6 +424,9 @@ def run_plain(ctx: Ctx) -> dict:
                 reason = reason or why
     except BudgetSpent:
         accepted, reason = False, "budget"
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return {"accepted": accepted, "reason": None if accepted else reason,
             "final": {i: dict(ctx.curs[i]) for i in range(task.instances)},
             "rounds": min(reached[0], h["max_rounds"] + 1)}
@@ -391,8 +457,18 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
     patience = int(ctx.cfg.get("incr", {}).get("patience", 2))
     seen: Counter = Counter()
     seen_lock = threading.Lock()
+    vruns: Counter = Counter()       # (node, key) -> validator runs
 
     acked: set = set()
+
+    def demand(names, key) -> dict:
+        """The nodes ``names`` of instance ``key``: with workers, through ``incr.gather`` (the
+        engine makes their model calls at once; values, dependencies and calls are those of
+        demanding them in order), else one after the other."""
+        names = list(names)
+        if workers > 1 and len(names) > 1:
+            return dict(zip(names, incr.gather(*[(lambda n=n: nodes[n](key)) for n in names])))
+        return {n: nodes[n](key) for n in names}
 
     def on_event(e):
         kind = type(e).__name__
@@ -417,7 +493,9 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
         def checks(cand, key):
             env_in.get()
             here(key)
-            current = {r: nodes[r](key) for r in anc}
+            with seen_lock:
+                vruns[(spec.name, key)] += 1
+            current = demand(anc, key)
             current[spec.name] = cand
             out = [incr.ACK("well_formed")]
             reject = None
@@ -451,7 +529,7 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
         def gen(key, *, previous=None, feedback=()):
             env_in.get()
             here(key)
-            current = {r: nodes[r](key) for r in spec.reads}
+            current = demand(spec.reads, key)
             if ctx.phase1 and ctx.k[(spec.name, ctx.inst)] >= 1:
                 raise RoundOver(spec.name)
             if previous is not None:
@@ -476,7 +554,16 @@ def run_incr(ctx: Ctx, workers: int = 1, reuse: bool = False, revert: bool = Tru
             return None
         env_in.get()
         here(key)
-        current = {n.name: nodes[n.name](key) for n in task.nodes}
+        names = [n.name for n in task.nodes]
+        before = {n: (ctx.k[(n, ctx.inst)], vruns[(n, key)]) for n in names}
+        current = demand(names, key)
+        for n in names:
+            if (n, ctx.inst) in ctx.first_call_seen and ctx.k[(n, ctx.inst)] == before[n][0]:
+                if vruns[(n, key)] == before[n][1]:
+                    ctx.passes += 1          # PASS: the candidate back with no call, no check
+                else:
+                    ctx.revalidated += 1     # re-validated (validators ran), no model call
+            ctx.first_call_seen.add((n, ctx.inst))
         for c in down:
             if not ctx.run_check(c, current) and not ctx.phase1:
                 target, cex = ctx.blame(c, current)
@@ -641,6 +728,7 @@ def score(ctx: Ctx, out: dict) -> dict:
         "latency_s": round(ctx.seconds, 4), "checks_run": ctx.checks_run,
         "rounds": out["rounds"], "climbs": ctx.climbs, "kept": ctx.kept,
         "cache_hits": ctx.cache_hits, "capped": ctx.capped, "flips": ctx.flips,
+        "passes": ctx.passes, "revalidated": ctx.revalidated,
         "reused": ctx.reused, "reused_accepted": ctx.reused_accepted,
         "reuse_unbacked": ctx.reuse_unbacked,
         "reverts": ctx.events.get("Reverted", 0), "regressions": ctx.events.get("Regression", 0),

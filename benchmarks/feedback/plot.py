@@ -9,7 +9,8 @@ COLORS = {"single": "#888888", "resample": "#d98c1f", "whole": "#c23b3b", "cache
           "recheck": "#8e44ad", "incr": "#2a9d55", "incr_reuse": "#136f3a",
           "incr_par": "#7fd19b", "incr_norevert": "#b5a21c", "strong": "#222222"}
 TITLES = {"cost": "mean cost (units: one base first call per node)",
-          "calls": "mean model calls (per node)", "tokens": "mean tokens (units)"}
+          "calls": "mean model calls (per node)", "tokens": "mean tokens (units)",
+          "wall": "MEASURED wall time (units; few seeds)"}
 
 
 def svg(res: dict) -> str:
@@ -37,7 +38,8 @@ def svg(res: dict) -> str:
 
         o.append(f'<rect x="{x0}" y="{top}" width="{pw}" height="{ph}" fill="#f8f8f8" '
                  f'stroke="#ccc"/>')
-        o.append(f'<text x="{x0}" y="{top - 8}" font-weight="bold">{escape(TITLES[unit])}</text>')
+        o.append(f'<text x="{x0}" y="{top - 8}" font-weight="bold">'
+                 f'{escape(TITLES.get(unit, unit))}</text>')
         for t in range(6):
             yv = t / 5
             o.append(f'<line x1="{x0}" y1="{Y(yv):.1f}" x2="{x0 + pw}" y2="{Y(yv):.1f}" '

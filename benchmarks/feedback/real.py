@@ -16,6 +16,12 @@ leniently (the first JSON object in the text); an aspect it leaves out or answer
 non-integer gets the value -1, which no check accepts. A candidate records no special-cased
 ("overfit") cases: that is a notion of the simulation.
 
+Every call is recorded in ``transcript`` (shared by the runs of one ChatModel): the arm,
+seed, task, node, instance and call index, the user message sent, the previous answer and
+the feedback (case and counterexample) shown, the reply text, tokens and seconds;
+``python -m benchmarks.feedback --model ...`` writes it next to the results as JSON lines
+(``results-real.transcripts.jsonl``).
+
 Tokens are what the server reports (``usage.total_tokens``); cost is tokens x the config's
 ``[cost] price_per_token``; seconds are measured. The spend axes' unit stays the simulated
 size of one first call per node, so cost multiples are approximate with a real model (the
@@ -87,10 +93,15 @@ class ChatModel:
                                  price_per_token=self.price, **chat_kwargs)
         self.gen = gen
         self.seen_cases: list = []
+        self.transcript: list = []
+        self.run = {}
 
-    def for_run(self, cfg: dict) -> "ChatModel":
-        """The same endpoint and client for one run (its own record of cases fed back)."""
-        return ChatModel(cfg, self.name, self.base_url, gen=self.gen)
+    def for_run(self, cfg: dict, **run) -> "ChatModel":
+        """The same endpoint, client and transcript for one run (``run``: arm, seed, task,
+        recorded with each call), with its own record of cases fed back."""
+        m = ChatModel(cfg, self.name, self.base_url, gen=self.gen)
+        m.transcript, m.run = self.transcript, dict(run)
+        return m
 
     def generate(self, prompt: Prompt, previous, feedback, k: int) -> Call:
         feedback = tuple(feedback)
@@ -100,10 +111,15 @@ class ChatModel:
             # an edit: the previous answer, then the NACKs; asked without feedback, the model
             # is asked afresh (a resample), as the simulation is
             shown = json.dumps(json.loads(previous)["own"], sort_keys=True)
+        user = render_prompt(prompt, self.values)
         t0 = time.perf_counter()
-        out = self.gen(render_prompt(prompt, self.values), previous=shown,
-                       feedback=feedback if shown is not None else ())
+        out = self.gen(user, previous=shown, feedback=feedback if shown is not None else ())
         seconds = time.perf_counter() - t0
+        self.transcript.append({
+            **self.run, "node": prompt.node, "instance": prompt.inst, "k": k, "user": user,
+            "previous": shown, "feedback": [{"case": v.case, "counterexample": v.counterexample}
+                                            for v in feedback] if shown is not None else [],
+            "reply": out.value, "tokens": int(out.tokens), "seconds": round(seconds, 4)})
         own = parse_reply(out.value, [a for a, _e in prompt.aspects])
         upstream = dict(prompt.upstream) if prompt.embed and prompt.upstream else None
         cand = make(prompt.node, own, (), 0, upstream)
