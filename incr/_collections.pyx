@@ -9,7 +9,7 @@ order, so ``reduce(op)`` needs ``op`` associative only (not commutative).
 
 cimport cython
 from cpython.object cimport PyObject_RichCompareBool, Py_LT, Py_GT
-from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem, PyDict_Next
 from cpython.ref cimport PyObject
 from cpython.set cimport PySet_Add
 from heapq import heapify, heappop, heappush
@@ -835,6 +835,16 @@ cdef void _use(object rt, Instance inst, int delta) except *:
 cdef void _no_coroutines(MapBase node, dict data) except *:
     # a bulk build's values: a coroutine is never a value (each one is closed, none kept)
     cdef object bad = ABSENT
+    cdef PyObject *key
+    cdef PyObject *val
+    cdef Py_ssize_t pos = 0
+    cdef bint any_bad = False
+    while PyDict_Next(data, &pos, &key, &val):     # (no tuple per entry: a bulk build's cost)
+        if type(<object>val) is CoroutineType:
+            any_bad = True
+            break
+    if not any_bad:
+        return
     for k, v in data.items():
         if type(v) is CoroutineType:
             v.close()
