@@ -147,7 +147,7 @@ class _Gather:
     def each(self):
         cdef Runtime rt = <Runtime>current()
         lending = None
-        if len(self.thunks) > 1 and rt.max_workers != 1 and not (
+        if len(self.thunks) > 1 and lend_wanted(rt) and not (
                 rt.prefetch is not None and rt.prefetch.is_worker()):
             # every thunk but the first runs in a worker thread meanwhile (plain cells
             # computed there; _core_schedule.pxi); this thread does the first, then takes
@@ -202,7 +202,7 @@ cdef object _lent_thunk(Runtime rt, object lending, Py_ssize_t i, object t):
         return t()
     kind, payload, log, cells = out
     for n, at in log:
-        if at is None and (<tuple>cells[n])[0] != "ok":
+        if at == -1 or at is None and (<tuple>cells[n])[0] != "ok":
             try:
                 rt._read(n)          # it raised in the worker too, and the thunk caught it
             except Exception:

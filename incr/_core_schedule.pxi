@@ -134,6 +134,13 @@ cdef inline bint lend_ok(Cell c):
         not getattr(c, "_incr_effect", False)
 
 
+cdef inline bint lend_wanted(Runtime rt):
+    # plain cells run in worker threads when the runtime asks for threads (max_workers=N,
+    # N >= 2, given explicitly: the default keeps plain cells in the driver thread -- under
+    # the GIL, threads help only cells that wait on I/O) and no executor ships cells itself
+    return rt.max_workers is not None and rt.max_workers != 1 and rt.executor is None
+
+
 cdef bint lend_ready(Runtime rt, Instance n):
     # n runs when the pass reaches it, and a worker could run it now: a first computation,
     # or a stale instance whose dependencies are all up to date, one of them changed
@@ -157,7 +164,7 @@ cdef object lend_pass(Runtime rt, list todo):
     # the observed instances of this round that a worker could run now: with two or more,
     # all but the first are lent (the driver does the first); None when nothing is lent
     cdef Instance n
-    if len(todo) < 2 or rt.max_workers == 1:
+    if len(todo) < 2 or not lend_wanted(rt):
         return None
     cdef list ready = []
     for n in todo:
@@ -186,6 +193,30 @@ cdef object lend_open(Runtime rt, list jobs, bint thunks):
         if not rt.lent:
             rt.lent = None
         raise
+
+
+cdef void lend_salvage(Runtime rt, object lending) except *:
+    # the pass is interrupted: the lent runs that finished and stand are recorded now (a run
+    # that completed is not run again by the next pass); the rest waits for it. Only replays
+    # reads: no function runs here
+    cdef Instance m
+    for m in lending.finish():
+        if not _needs_work(m) or m.flags & (F_RUNNING | F_VERIFYING | F_AHEAD):
+            continue
+        out = rt.prefetch.lent_result(m)
+        if out is None or not lend_fresh(rt, <list>out[2], <dict>out[3]):
+            continue
+        for d, at in <list>out[2]:
+            if at is None and _needs_work(<Node>d):
+                break                  # it read a first computation of the worker's: not now
+        else:
+            rt.remote = m
+            try:
+                run(rt, m)
+            except Exception:
+                pass                   # its own exception: recorded as a failed run
+            finally:
+                rt.remote = None
 
 
 cdef void lend_close(Runtime rt, object lending) except *:
@@ -219,6 +250,10 @@ cdef bint lend_fresh(Runtime rt, list log, dict cells) except -1:
     cdef Node d
     cdef tuple r
     for d, at in log:
+        if at == -1:                   # it read a failure of this pass
+            if d.flags & F_HAS_VALUE or d not in rt.failed:
+                return False
+            continue
         if at is not None:
             if _needs_work(d) or d.changed_at != at:
                 return False
@@ -235,6 +270,54 @@ cdef bint lend_fresh(Runtime rt, list log, dict cells) except -1:
                     other[1] is r[1] or r[0] == "ok" and _same_value(other[1], r[1])):
                 return False
     return True
+
+
+def _lend_state(Runtime rt, Instance n):
+    """In a worker thread, for n not up to date when read: 0 it may compute n itself (a
+    first computation of a plain sync cell nothing else runs, lends or failed in this pass);
+    1 the driver can bring it up to date (a plain cell: stale, running there, or lent);
+    2 it must stop; 3 n is up to date now; 4 n failed in this pass."""
+    if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
+        return 3
+    if not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING)) and n in rt.failed:
+        return 4
+    if n.flags & F_AHEAD or not lend_ok(n.cell):
+        return 2
+    if not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING)) and (
+            rt.lent is None or n not in rt.lent):
+        return 0
+    return 1
+
+
+def _lend_failure(Runtime rt, Instance n):
+    return rt.failed[n]
+
+
+def _lend_on_stack(Instance n):
+    return (n.flags & (F_RUNNING | F_VERIFYING)) != 0
+
+
+def _lend_serve(Runtime rt, Instance n):
+    """Driver thread: bring n up to date for a worker that waits for it. 1 done (up to date,
+    or failed: the worker reads the failure), 2 not now (n is being computed further out on
+    this thread's stack), 0 refused (its work runs ahead: the worker stops)."""
+    if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
+        return 1
+    if n.flags & (F_RUNNING | F_VERIFYING):
+        return 2
+    if not (n.flags & F_HAS_VALUE) and n in rt.failed:
+        return 1
+    if n.flags & F_AHEAD:
+        return 0
+    try:
+        ensure(rt, n)
+    except _Suspend:
+        raise
+    except _Deferred:
+        return 0
+    except Exception:
+        return 1                       # failed: kept in rt.failed for this pass
+    return 1
 
 
 def _lend_can_run(Runtime rt, Instance n):

@@ -108,7 +108,10 @@ cdef object stabilize_pass(Runtime rt):
         done = True
     except BaseException as e:
         if lending is not None:
-            lend_close(rt, lending)    # waits for its workers: none outlives the pass
+            try:
+                lend_salvage(rt, lending)  # waits for its workers: none outlives the pass;
+            finally:                       # what they finished is recorded, not run again
+                lend_close(rt, lending)
         if suspended:
             # interrupted with async work started for this pass: nobody will finish it
             _aio_mod().abandon(rt, suspended)

@@ -144,6 +144,9 @@ class Ahead:
         # thunks): instance -> (kind, payload, log, cells) of a finished worker run
         self.lent_done: dict = {}
         self.lendings: list = []    # the open _Lending objects (nested gathers: several)
+        self.cond = threading.Condition()
+        self.asks: list = []        # _Ask: workers waiting for the driver
+        self.later: list = []       # _Ask whose node was being computed further out
 
     # -- generator calls (incr.llmnodes) ------------------------------------------------------
 
@@ -165,6 +168,10 @@ class Ahead:
         log = getattr(self._local, "log", None)
         if log is not None and not getattr(self._local, "quiet", 0):
             log.append((n, n._changed_at))
+
+    def _wake(self, _future=None) -> None:
+        with self.cond:
+            self.cond.notify_all()
 
     def stop(self) -> None:
         self.collecting = False
@@ -392,7 +399,7 @@ def _replay(rt, m, out) -> Any:
     from incr import _core
     kind, payload, log, cells = out
     for n, at in log:
-        if at is None and cells[n][0] != "ok":
+        if at == -1 or at is None and cells[n][0] != "ok":
             try:
                 rt._read(n)          # it raised in the worker too, and m's function caught it
             except Exception:
@@ -427,6 +434,8 @@ class _Lending:
         self.ctx = contextvars.copy_context()
         self.taken: list = []        # instances registered in rt.lent by this lending
         self.closed = False
+        self.stopping = False
+        self.boxes: dict = {}        # job index -> _Box (what its worker waits for)
 
     def top_up(self) -> None:
         busy = sum(1 for f in self.futures.values() if not f.done())
@@ -439,8 +448,10 @@ class _Lending:
             if pool is None:
                 pool = _shared_pool()
             job = self.jobs[i]
-            self.futures[i] = pool.submit(self.ctx.copy().run, self.ahead._job, job,
-                                          self.thunks)
+            box = self.boxes[i] = _Box(self)
+            f = self.futures[i] = pool.submit(self.ctx.copy().run, self.ahead._job, job,
+                                              self.thunks, box)
+            f.add_done_callback(self.ahead._wake)
             busy += 1
 
     def wait(self, i: int):
@@ -451,7 +462,7 @@ class _Lending:
             self.skipped.add(i)
             return None
         self.top_up()
-        out = f.result()              # (an interrupt here: close() still waits for it)
+        out = self.ahead._await(f, self.boxes[i])   # (interrupted: close() still waits)
         del self.futures[i]
         self.top_up()
         self._merge(out[3])
@@ -468,22 +479,34 @@ class _Lending:
                 rt.lent[n] = self
                 self.taken.append(n)
 
+    def finish(self) -> list:
+        """Cancel the jobs not started, wait for the others (no worker outlives the round or
+        gather); returns the lent instances whose job finished, not yet taken."""
+        for f in list(self.futures.values()):
+            f.cancel()
+        self.ahead._stop_asks(self)
+        done = []
+        for i, f in list(self.futures.items()):
+            if f.cancelled():
+                continue
+            try:
+                out = f.result()
+            except BaseException:   # noqa: BLE001 -- a job's own errors are outcomes
+                continue
+            self._merge(out[3])
+            if not self.thunks:
+                done.append(self.jobs[i])
+        return done
+
     def close(self) -> None:
-        """Wait for every job still running (no worker outlives the round or gather), then drop
-        what the driver did not take."""
+        """Wait for every job still running (finish), then drop what the driver did not
+        take."""
         if self.closed:
             return
         self.closed = True
         ahead, rt = self.ahead, self.ahead.rt
         try:
-            for f in list(self.futures.values()):
-                f.cancel()
-            for f in list(self.futures.values()):
-                if not f.cancelled():
-                    try:
-                        f.result()
-                    except BaseException:   # noqa: BLE001 -- the job's own errors are outcomes
-                        pass
+            self.finish()
         finally:
             self.futures.clear()
             lent = rt.lent
@@ -535,13 +558,13 @@ def _lent_result(self, m):
     return out
 
 
-def _job(self, job, thunk: bool):
+def _job(self, job, thunk: bool, box=None):
     """In a worker thread: run one lent job with its reads logged. Returns (kind, payload,
     log, cells): kind "ok", "error" or "missing" (it read something it may not compute, and
     stopped); log the job's own reads, (node, change tick) or (node, None) for a first
     computation it made, whose outcome is cells[node] = (kind, payload, log)."""
     loc = self._local
-    loc.log, loc.cells, loc.running, loc.stops = [], {}, set(), 0
+    loc.log, loc.cells, loc.running, loc.stops, loc.box = [], {}, set(), 0, box
     try:
         try:
             if thunk:
@@ -557,7 +580,7 @@ def _job(self, job, thunk: bool):
             out = ("missing", None)
         return out[0], out[1], loc.log, loc.cells
     finally:
-        loc.log = loc.cells = loc.running = None
+        loc.log = loc.cells = loc.running = loc.box = None
         loc.stops = 0
         loc.quiet = 0
 
@@ -585,7 +608,7 @@ def _nested(self, n):
         except _Deferred:
             loc.stops += 1
             raise
-        except Exception as e:
+        except BaseException as e:    # (KeyboardInterrupt too: the driver raises it there)
             got = ("error", e)
     finally:
         log, loc.log = loc.log, parent
@@ -598,9 +621,11 @@ def _nested(self, n):
 
 def _worker_demand(self, n):
     """demand() in a worker thread of n, which is not up to date. A lent cell's run (or a
-    gather's thunk) computes it here when it is a first computation nothing else runs;
-    anything else -- and every read by an LLM generator running ahead -- stops the run
-    (_Deferred): the pass does it."""
+    gather's thunk) computes it here when it is a first computation nothing else runs; asks
+    the driver to bring it up to date, and waits, when the driver can (a plain cell that is
+    stale, running there or lent); reads the failure of one that failed in this pass; and
+    otherwise -- and for every read of an LLM generator running ahead -- stops the run
+    (_Deferred)."""
     from incr import _core
     loc = self._local
     cells = getattr(loc, "cells", None)
@@ -608,11 +633,27 @@ def _worker_demand(self, n):
         raise _Deferred(n.label_text)
     got = cells.get(n)
     if got is None:
-        if n in loc.running or not _core._lend_can_run(self.rt, n):
+        if n in loc.running:                # a cycle: the driver's own run names it
             loc.stops += 1
             raise _Deferred(n.label_text)
-        got = self._nested(n)
-        if got is None:
+        state = _core._lend_state(self.rt, n)
+        if state == 1:
+            self._ask(n)                    # the driver brings it up to date meanwhile
+            state = _core._lend_state(self.rt, n)
+        if state == 0:
+            got = self._nested(n)
+            if got is None:
+                loc.stops += 1
+                raise _Deferred(n.label_text)
+        elif state == 3:                    # up to date now
+            value = n.value
+            self.read(n)
+            return value
+        elif state == 4:                    # failed in this pass: raised, as at a local read
+            if not getattr(loc, "quiet", 0):
+                loc.log.append((n, -1))
+            raise _core._lend_failure(self.rt, n)
+        else:
             loc.stops += 1
             raise _Deferred(n.label_text)
     if not getattr(loc, "quiet", 0):
@@ -622,8 +663,129 @@ def _worker_demand(self, n):
     return got[1]
 
 
+class _Ask:
+    """A worker's request that the driver bring one instance up to date."""
+    __slots__ = ("node", "box", "event", "serving", "stopped")
+
+    def __init__(self, node, box):
+        self.node, self.box = node, box
+        self.event = threading.Event()
+        self.serving = False
+        self.stopped = False
+
+
+def _ask(self, n):
+    """In a worker thread: wait until the driver has brought n up to date (or refused)."""
+    loc = self._local
+    box = loc.box
+    req = _Ask(n, box)
+    with self.cond:
+        if box.lending.stopping:
+            loc.stops += 1
+            raise _Deferred(n.label_text)
+        box.asking = req
+        self.asks.append(req)
+        self.cond.notify_all()
+    try:
+        req.event.wait()
+    finally:
+        box.asking = None
+    if req.stopped:
+        loc.stops += 1
+        raise _Deferred(n.label_text)
+
+
+def _serve(self, req) -> None:
+    """Driver thread: bring req.node up to date for the worker waiting on it."""
+    from incr import _core
+    req.serving = True
+    done = True
+    try:
+        if not req.stopped:
+            r = _core._lend_serve(self.rt, req.node)
+            if r == 2:                # being computed further out: asked again later
+                done = False
+                self.later.append(req)
+            elif r == 0:
+                req.stopped = True
+    except BaseException:
+        req.stopped = True
+        raise
+    finally:
+        req.serving = False
+        if done:
+            req.event.set()
+
+
+def _await(self, fut, box):
+    """Driver thread: wait for a lent job, serving the workers' requests meanwhile. A job
+    whose worker waits for what this thread is doing further out (a request being served, an
+    instance on its stack: a cycle) is told to stop."""
+    from incr import _core
+    cond = self.cond
+    if self.later:                    # asked while their node ran further out: again now
+        with cond:
+            self.asks[:0] = self.later
+            self.later = []
+    while True:
+        req = box.asking
+        if req is not None and not req.event.is_set() and (
+                req.serving or _core._lend_on_stack(req.node)):
+            req.stopped = True
+            req.event.set()
+        with cond:
+            while not fut.done() and not self.asks and not (
+                    box.asking is not None and box.asking.serving):
+                cond.wait(0.05)
+            asks, self.asks = self.asks, []
+        if not asks and fut.done():
+            return fut.result()
+        for i, req in enumerate(asks):
+            try:
+                self._serve(req)
+            except BaseException:
+                for r in asks[i + 1:]:
+                    r.stopped = True
+                    r.event.set()
+                raise
+
+
+def _stop_asks(self, lending) -> None:
+    """A lending closes: its workers' requests are refused (they stop)."""
+    with self.cond:
+        lending.stopping = True
+        keep = []
+        for req in self.asks:
+            if req.box.lending is lending:
+                req.stopped = True
+                req.event.set()
+            else:
+                keep.append(req)
+        self.asks = keep
+        keep = []
+        for req in self.later:
+            if req.box.lending is lending:
+                req.stopped = True
+                req.event.set()
+            else:
+                keep.append(req)
+        self.later = keep
+
+
+class _Box:
+    __slots__ = ("lending", "asking")
+
+    def __init__(self, lending):
+        self.lending = lending
+        self.asking = None
+
+
 Ahead.lend = _lend
 Ahead.lent_result = _lent_result
 Ahead._job = _job
 Ahead._nested = _nested
 Ahead.worker_demand = _worker_demand
+Ahead._ask = _ask
+Ahead._serve = _serve
+Ahead._await = _await
+Ahead._stop_asks = _stop_asks
