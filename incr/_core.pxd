@@ -200,6 +200,9 @@ cdef class Runtime:
     cdef readonly object executor    # runs stale cells elsewhere (incr.adapters.dask/ray), or None
     cdef list ahead_marked           # instances marked F_AHEAD in this pass
     cdef Instance remote             # the instance whose run takes an executor's result now
+    cdef public dict lent            # instance -> its lending (incr.remote): a run a worker thread
+                                     # does or did in this pass or gather, taken by attempt();
+                                     # None when nothing is lent (_core_schedule.pxi)
     cdef public dict inflight        # key -> asyncio.Future: async work in flight (incr._aio):
                                      # an async instance's run, or a call (single flight)
     cdef public dict awaiting        # instance -> keys of the work its task awaits (cycles
@@ -279,6 +282,10 @@ cdef bint ahead_open(Runtime rt) except -1
 cdef void ahead_round(Runtime rt, int rounds) except *
 cdef void ahead_close(Runtime rt)
 cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1   # an executor
+cdef object lend_pass(Runtime rt, list todo)       # a pass lends its ready observed instances
+cdef object lend_open(Runtime rt, list jobs, bint thunks)
+cdef void lend_close(Runtime rt, object lending) except *
+cdef bint lend_take(Runtime rt, Instance m) except -1   # attempt(): a worker's run of m
 
 # _core_store.pxi -- adopt a stored trace instead of running; record a run for the store
 cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1

@@ -146,10 +146,30 @@ class _Gather:
                 ahead_close(rt)
 
     def each(self):
+        cdef Runtime rt = <Runtime>current()
+        lending = None
+        if len(self.thunks) > 1 and lend_wanted(rt) and not (
+                rt.prefetch is not None and rt.prefetch.is_worker()):
+            # every thunk but the first runs in a worker thread meanwhile (plain cells
+            # computed there; _core_schedule.pxi); this thread does the first, then takes
+            # the others' results in order, replaying their reads
+            lending = lend_open(rt, list(self.thunks[1:]), True)
+        try:
+            return self._each(rt, lending)
+        finally:
+            if lending is not None:
+                lend_close(rt, lending)
+
+    def _each(self, Runtime rt, lending):
         out = []
         deferred = None
+        cdef Py_ssize_t i = -1
         for t in self.thunks:
+            i += 1
             try:
+                if i and lending is not None:
+                    out.append(_lent_thunk(rt, lending, i - 1, t))
+                    continue
                 out.append(t())
             except _Suspend as d:
                 # async work: all of it is gathered into one, done concurrently at the
@@ -172,6 +192,31 @@ class _Gather:
         if deferred is not None:
             raise deferred
         return out
+
+
+cdef object _lent_thunk(Runtime rt, object lending, Py_ssize_t i, object t):
+    # a gather's thunk that was lent to a worker: its value, its reads replayed into the
+    # running frame (they are this computation's reads, as if it had called the thunk); or,
+    # when the worker stopped or what it read moved on, the thunk called here
+    out = lending.wait(i)
+    if out is None or out[0] == "missing" or not lend_fresh(rt, <list>out[2], <dict>out[3]):
+        return t()
+    kind, payload, log, cells = out
+    for n, at in log:
+        if at == -1 or at is None and (<tuple>cells[n])[0] != "ok":
+            try:
+                rt._read(n)          # it raised in the worker too, and the thunk caught it
+            except Exception:
+                pass
+        else:
+            rt._read(n)
+    for n, at in log:
+        if at is None and (<tuple>cells[n])[0] == "ok" and \
+                not _same_value((<Node>n).value, (<tuple>cells[n])[1]):
+            return t()               # came out otherwise here: not deterministic
+    if kind == "error":
+        raise payload
+    return payload
 
 
 def untracked(fn=None, *args, **kwargs):

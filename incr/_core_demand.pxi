@@ -68,7 +68,7 @@ cdef object demand(Runtime rt, Instance n):
         if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
             rt.prefetch.read(n)
             return n.value
-        raise _Deferred(n.label())
+        return rt.prefetch.worker_demand(n)   # computed here, or the run stops (_Deferred)
     elif rt.frames:
         if PyThread_get_thread_ident() != rt.owner:
             raise IncrError(rt._other_thread())

@@ -105,3 +105,235 @@ cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1:
     if r == 1:
         rt.remote = m    # its run here takes the executor's result (attempt clears this)
     return NOMATCH
+
+
+# -- lending: plain sync cells run in worker threads ----------------------------------------
+# A pass with two or more observed instances ready to run, or an incr.gather of two or more
+# thunks, lends all but the first to worker threads (incr.remote.Ahead.lend, at most
+# max_workers - 1 in flight) and does the first itself. A worker runs the cell's function
+# (or the thunk) with its reads logged, not recorded: it may read inputs (revision R: a set
+# from another thread is queued until the pass ends) and instances that are up to date, and
+# it may compute, nested, a first computation that nothing else runs (lend_can_run); any
+# other read stops it ("missing"). The driver takes a worker's run where attempt() would
+# run the instance (lend_take): it waits for the job, checks that every read is still
+# current, and runs the instance with rt.remote set, so that run() replays the logged reads
+# through the ordinary read path and records value, edges, stamps and store record exactly
+# as a local run. A run that stopped, or whose reads moved on, is simply run here.
+#
+# Contract:
+#   - rt.lent is None outside an open lending; lend_close waits for every job of its lending
+#     (no worker outlives the pass or gather that started it) and drops what was not taken;
+#   - a worker never changes the trace (flags, edges, stamps, values): it reads, and hands
+#     back (kind, payload, log, cells);
+#   - max_workers=1, a single ready instance, a chain: nothing is lent, no thread handoff.
+
+
+cdef inline bint lend_ok(Cell c):
+    # a worker thread may run this cell's function: sync, not an LLM node, not an effect
+    return not (c.is_async or c.awaited or c.is_llm) and \
+        not getattr(c, "_incr_effect", False)
+
+
+cdef inline bint lend_wanted(Runtime rt):
+    # plain cells run in worker threads when the runtime asks for threads (max_workers=N,
+    # N >= 2, given explicitly: the default keeps plain cells in the driver thread -- under
+    # the GIL, threads help only cells that wait on I/O) and no executor ships cells itself
+    return rt.max_workers is not None and rt.max_workers != 1 and rt.executor is None
+
+
+cdef bint lend_ready(Runtime rt, Instance n):
+    # n runs when the pass reaches it, and a worker could run it now: a first computation,
+    # or a stale instance whose dependencies are all up to date, one of them changed
+    cdef Node d
+    cdef bint changed = False
+    if n.flags & (F_AHEAD | F_RUNNING | F_VERIFYING | F_INVALID) or not lend_ok(n.cell):
+        return False
+    if not (n.flags & F_HAS_VALUE):
+        return n not in rt.failed
+    if not (n.flags & F_DIRTY):
+        return False
+    for d in n.deps:
+        if _needs_work(d):
+            return False
+        if d.changed_at > n.verified_at:
+            changed = True
+    return changed
+
+
+cdef object lend_pass(Runtime rt, list todo):
+    # the observed instances of this round that a worker could run now: with two or more,
+    # all but the first are lent (the driver does the first); None when nothing is lent
+    cdef Instance n
+    if len(todo) < 2 or not lend_wanted(rt):
+        return None
+    cdef list ready = []
+    for n in todo:
+        if _needs_work(n) and lend_ready(rt, n):
+            ready.append(n)
+    if len(ready) < 2:
+        return None
+    return lend_open(rt, ready[1:], False)
+
+
+cdef object lend_open(Runtime rt, list jobs, bint thunks):
+    # lend jobs (instances, or a gather's thunks) to worker threads; the pass's Ahead runs
+    # them (one is made for the lending when the pass has none: no LLM node, no executor)
+    from incr import remote as _remote
+    cdef bint own = rt.prefetch is None
+    if own:
+        rt.prefetch = _remote.Ahead(rt)
+        rt.prefetch.collecting = False     # nothing else runs ahead
+    if rt.lent is None:
+        rt.lent = {}
+    try:
+        return rt.prefetch.lend(jobs, thunks, own)
+    except BaseException:
+        if own:
+            rt.prefetch = None
+        if not rt.lent:
+            rt.lent = None
+        raise
+
+
+cdef void lend_salvage(Runtime rt, object lending) except *:
+    # the pass is interrupted: the lent runs that finished and stand are recorded now (a run
+    # that completed is not run again by the next pass); the rest waits for it. Only replays
+    # reads: no function runs here
+    cdef Instance m
+    for m in lending.finish():
+        if not _needs_work(m) or m.flags & (F_RUNNING | F_VERIFYING | F_AHEAD):
+            continue
+        out = rt.prefetch.lent_result(m)
+        if out is None or not lend_fresh(rt, <list>out[2], <dict>out[3]):
+            continue
+        for d, at in <list>out[2]:
+            if at is None and _needs_work(<Node>d):
+                break                  # it read a first computation of the worker's: not now
+        else:
+            rt.remote = m
+            try:
+                run(rt, m)
+            except Exception:
+                pass                   # its own exception: recorded as a failed run
+            finally:
+                rt.remote = None
+
+
+cdef void lend_close(Runtime rt, object lending) except *:
+    # the pass's round or the gather ends (normally or not): wait for the lending's jobs, drop
+    # what was not taken
+    try:
+        lending.close()
+    finally:
+        if not rt.lent:
+            rt.lent = None
+        if lending.own:
+            rt.prefetch = None
+
+
+cdef bint lend_take(Runtime rt, Instance m) except -1:
+    # attempt(): m was lent (or a worker computed it): wait for that run; True, with
+    # rt.remote = m, when it stands -- every read it made is current -- so that run() takes it
+    cdef object out = rt.prefetch.lent_result(m)
+    if out is None:
+        return False                   # it stopped, or was never sent: it runs here
+    if not lend_fresh(rt, <list>out[2], <dict>out[3]):
+        rt.prefetch.lent_done.pop(m, None)
+        return False
+    rt.remote = m
+    return True
+
+
+cdef bint lend_fresh(Runtime rt, list log, dict cells) except -1:
+    # every read a worker's run made is still what it read: an up-to-date node with the same
+    # change tick, or a first computation the worker made whose value this pass agrees with
+    cdef Node d
+    cdef tuple r
+    for d, at in log:
+        if at == -1:                   # it read a failure of this pass
+            if d.flags & F_HAS_VALUE or d not in rt.failed:
+                return False
+            continue
+        if at is not None:
+            if _needs_work(d) or d.changed_at != at:
+                return False
+            continue
+        r = <tuple>cells[d]
+        if (d.flags & (F_HAS_VALUE | F_DIRTY)) == F_HAS_VALUE:
+            if r[0] != "ok" or not _same_value(d.value, r[1]):
+                return False
+        elif d.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING | F_AHEAD) or d in rt.failed:
+            return False
+        else:
+            other = rt.prefetch.lent_done.get(d)
+            if other is None or other[0] != r[0] or not (
+                    other[1] is r[1] or r[0] == "ok" and _same_value(other[1], r[1])):
+                return False
+    return True
+
+
+def _lend_state(Runtime rt, Instance n):
+    """In a worker thread, for n not up to date when read: 0 it may compute n itself (a
+    first computation of a plain sync cell nothing else runs, lends or failed in this pass);
+    1 the driver can bring it up to date (a plain cell: stale, running there, or lent);
+    2 it must stop; 3 n is up to date now; 4 n failed in this pass."""
+    if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
+        return 3
+    if not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING)) and n in rt.failed:
+        return 4
+    if n.flags & F_AHEAD or not lend_ok(n.cell):
+        return 2
+    if not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING)) and (
+            rt.lent is None or n not in rt.lent):
+        return 0
+    return 1
+
+
+def _lend_failure(Runtime rt, Instance n):
+    return rt.failed[n]
+
+
+def _lend_on_stack(Instance n):
+    return (n.flags & (F_RUNNING | F_VERIFYING)) != 0
+
+
+def _lend_serve(Runtime rt, Instance n):
+    """Driver thread: bring n up to date for a worker that waits for it. 1 done (up to date,
+    or failed: the worker reads the failure), 2 not now (n is being computed further out on
+    this thread's stack), 0 refused (its work runs ahead: the worker stops)."""
+    if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
+        return 1
+    if n.flags & (F_RUNNING | F_VERIFYING):
+        return 2
+    if not (n.flags & F_HAS_VALUE) and n in rt.failed:
+        return 1
+    if n.flags & F_AHEAD:
+        return 0
+    try:
+        ensure(rt, n)
+    except _Suspend:
+        raise
+    except _Deferred:
+        return 0
+    except Exception:
+        return 1                       # failed: kept in rt.failed for this pass
+    return 1
+
+
+def _lend_can_run(Runtime rt, Instance n):
+    """In a worker thread: whether it may compute n itself (a first computation of a plain
+    sync cell that nothing else runs, lends or failed in this pass)."""
+    return (not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING | F_AHEAD))
+            and lend_ok(n.cell) and n not in rt.failed
+            and (rt.lent is None or n not in rt.lent))
+
+
+def _lend_invoke(Instance n):
+    """In a worker thread: call n's function on its own copy of the arguments."""
+    if n.fresh_args:
+        return n.cell.invoke(_keys.own_args(n.args))
+    return n.cell.invoke(n.args)
+
+
+def _lend_same(a, b):
+    return _same_value(a, b)

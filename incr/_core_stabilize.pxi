@@ -44,10 +44,15 @@ cdef object stabilize_pass(Runtime rt):
     cdef list suspended = None   # async work met by this pass (created when met)
     cdef int rejects = 0
     cdef int rounds = 0
+    lending = None
     ahead_start(rt)
     try:
         while True:
             ahead = False
+            # two or more observed instances that could run now: all but the first run in
+            # worker threads meanwhile, and the walk below takes their runs where it would
+            # run them (_core_schedule.pxi); one, or a chain, takes no thread
+            lending = lend_pass(rt, todo) if len(todo) > 1 else None
             for n in todo:
                 if n.flags & F_AHEAD:
                     ahead = True        # its work runs ahead, from earlier in this pass
@@ -64,6 +69,9 @@ cdef object stabilize_pass(Runtime rt):
                         ahead = True
                     except Exception as e:
                         errors.append((n, e))
+            if lending is not None:
+                lend_close(rt, lending)
+                lending = None
             if suspended:
                 # inside a running event loop, observed instances need async work: the
                 # pass stops here (nothing half-recorded) and rt.astabilize does the work
@@ -105,6 +113,11 @@ cdef object stabilize_pass(Runtime rt):
             todo.sort(key=_ts_key)
         done = True
     except BaseException as e:
+        if lending is not None:
+            try:
+                lend_salvage(rt, lending)  # waits for its workers: none outlives the pass;
+            finally:                       # what they finished is recorded, not run again
+                lend_close(rt, lending)
         if suspended:
             # interrupted with async work started for this pass: nobody will finish it
             _aio_mod().abandon(rt, suspended)

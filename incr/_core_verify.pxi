@@ -54,13 +54,12 @@ cdef object ensure(Runtime rt, Instance n):
                 while i < nd:
                     d = <Node>deps[i]
                     if d.flags & F_AHEAD:
-                        # its run runs ahead in this pass: m waits for the next round.
-                        # With an executor the scan goes on (independent work is shipped
-                        # together); without one it stops here, in Salsa's order: d's new
-                        # value may take m's new run away from the dependencies after it
+                        # its run runs ahead in this pass: m waits for the next round, and
+                        # the scan goes on, so that independent work after it runs ahead
+                        # together (model calls at once, cells shipped together); a
+                        # dependency known to have changed still stops it below (Salsa's
+                        # order: m's new run may no longer read what comes after)
                         m.flags |= F_AHEAD
-                        if rt.executor is None:
-                            break
                         i += 1
                         continue
                     if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
@@ -129,17 +128,21 @@ cdef int attempt(Runtime rt, Instance m, list stack, list idx) except -1:
         r = probe_step(rt, m, stack, idx)
         if r != NOMATCH:
             return r
-    if rt.prefetch is not None and rt.executor is not None and not m.cell.local \
+    if rt.lent is not None and m in rt.lent and lend_take(rt, m):
+        pass   # a worker thread ran it: run() takes that run (_core_schedule.pxi)
+    elif rt.prefetch is not None and rt.executor is not None and not m.cell.local \
             and (not rt.frames or rt.gathering):
         r = ahead_ship(rt, m, stack, idx)   # an executor runs it (_core_schedule.pxi)
         if r != NOMATCH:
             return r
     try:
         run_in_stack(rt, m, len(stack) == 1)
-    except _Deferred:
+    except _Deferred as e:
         # its work runs ahead (fail() keeps its value and stamps): a withdrawn instance
         # stays withdrawn, so that the next pass runs it instead of reusing that value
         m.flags |= invalid
+        if len(stack) > 1 and m.flags & F_AHEAD and type(e) is _Deferred:
+            return DONE   # a dependency verified for its reader: the reader waits with it
         raise
     finally:
         rt.remote = None

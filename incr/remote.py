@@ -140,6 +140,13 @@ class Ahead:
         self.extra: dict = {}       # instance -> nodes read beyond its last run's dependencies
         self.restarts: dict = {}
         self.local: set = set()     # instances to run here after an executor failure
+        # plain cells lent to worker threads (a pass's ready observed instances, a gather's
+        # thunks): instance -> (kind, payload, log, cells) of a finished worker run
+        self.lent_done: dict = {}
+        self.lendings: list = []    # the open _Lending objects (nested gathers: several)
+        self.cond = threading.Condition()
+        self.asks: list = []        # _Ask: workers waiting for the driver
+        self.later: list = []       # _Ask whose node was being computed further out
 
     # -- generator calls (incr.llmnodes) ------------------------------------------------------
 
@@ -161,6 +168,10 @@ class Ahead:
         log = getattr(self._local, "log", None)
         if log is not None and not getattr(self._local, "quiet", 0):
             log.append((n, n._changed_at))
+
+    def _wake(self, _future=None) -> None:
+        with self.cond:
+            self.cond.notify_all()
 
     def stop(self) -> None:
         self.collecting = False
@@ -206,10 +217,13 @@ class Ahead:
         return node
 
     def take(self, m) -> Any:
-        """Inside m's run: replay the reads of its executor run (recording them), return its
-        value or raise its exception."""
-        kind, payload, reads, keymap, stamps = self.done.pop(m)
+        """Inside m's run: replay the reads of its executor run, or of its run in a worker
+        thread (recording them), return its value or raise its exception."""
         rt = self.rt
+        lent = self.lent_done.pop(m, None)
+        if lent is not None:
+            return _replay(rt, m, lent)
+        kind, payload, reads, keymap, stamps = self.done.pop(m)
         for key in reads:
             n = keymap.get(key)
             if n is not None:
@@ -351,3 +365,427 @@ class Ahead:
                 st.prefetched[key] = ahead
         if any(ahead is None for _item, ahead in results):
             self.collecting = False           # what could not run ahead runs in the serial pass
+
+
+# -- lending: plain sync cells in worker threads (_core_schedule.pxi) ------------------------
+
+_pool = None
+_pool_lock = threading.Lock()
+POOL_THREADS = 32      # shared by every runtime; each lends at most max_workers - 1 at once
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="incr-cell")
+        return _pool
+
+
+def _forget_pool() -> None:      # in a fork()ed child the parent's threads do not exist
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(__import__("os"), "register_at_fork"):
+    __import__("os").register_at_fork(after_in_child=_forget_pool)
+
+
+def _replay(rt, m, out) -> Any:
+    """Inside m's run (driver thread): record the reads a worker's run of m made, in order,
+    through the ordinary read path (a first computation the worker made is taken the same
+    way), then return its value or raise its exception."""
+    from incr import _core
+    kind, payload, log, cells = out
+    for n, at in log:
+        if at == -1 or at is None and cells[n][0] != "ok":
+            try:
+                rt._read(n)          # it raised in the worker too, and m's function caught it
+            except Exception:
+                pass
+        else:
+            rt._read(n)
+    for n, at in log:
+        if at is None and cells[n][0] == "ok" and not _core._lend_same(n.value, cells[n][1]):
+            # a first computation the worker made came out otherwise here (a function that
+            # is not deterministic): m's worker run does not stand; it runs here now (its
+            # replayed reads stay recorded: a superset of its dependencies is safe)
+            return _core._lend_invoke(m)
+    if kind == "error":
+        raise payload
+    return payload
+
+
+class _Lending:
+    """Jobs lent to worker threads by one pass round or one incr.gather: instances (their
+    run) or thunks. At most ``cap`` in flight; the driver takes them in order."""
+
+    def __init__(self, ahead, jobs, thunks: bool, own: bool, cap: int):
+        self.ahead = ahead
+        self.jobs = list(jobs)
+        self.thunks = thunks
+        self.own = own
+        self.cap = max(1, cap)
+        self.futures: dict = {}      # job index -> Future
+        self.skipped: set = set()    # job indices the driver did itself (never sent)
+        self.next = 0
+        self.index = {} if thunks else {m: i for i, m in enumerate(self.jobs)}
+        self.ctx = contextvars.copy_context()
+        self.taken: list = []        # instances registered in rt.lent by this lending
+        self.closed = False
+        self.stopping = False
+        self.boxes: dict = {}        # job index -> _Box (what its worker waits for)
+
+    def top_up(self) -> None:
+        busy = sum(1 for f in self.futures.values() if not f.done())
+        pool = None
+        while self.next < len(self.jobs) and busy < self.cap:
+            i = self.next
+            self.next += 1
+            if i in self.skipped:
+                continue
+            if pool is None:
+                pool = _shared_pool()
+            job = self.jobs[i]
+            box = self.boxes[i] = _Box(self)
+            f = self.futures[i] = pool.submit(self.ctx.copy().run, self.ahead._job, job,
+                                              self.thunks, box)
+            f.add_done_callback(self.ahead._wake)
+            busy += 1
+
+    def wait(self, i: int):
+        """Job i's outcome (kind, payload, log, cells), waiting for it; None when it was never
+        sent (the driver does it now, and it is never sent)."""
+        f = self.futures.get(i)
+        if f is None:
+            self.skipped.add(i)
+            return None
+        self.top_up()
+        out = self.ahead._await(f, self.boxes[i])   # (interrupted: close() still waits)
+        del self.futures[i]
+        self.top_up()
+        self._merge(out[3])
+        return out
+
+    def _merge(self, cells: dict) -> None:
+        # first computations a worker made: each becomes takeable by the driver's attempt()
+        ahead, rt = self.ahead, self.ahead.rt
+        for n, (kind, payload, log) in cells.items():
+            if n in ahead.lent_done or not rt._stale(n) or n._has_value:
+                continue
+            ahead.lent_done[n] = (kind, payload, log, cells)
+            if n not in rt.lent:
+                rt.lent[n] = self
+                self.taken.append(n)
+
+    def finish(self) -> list:
+        """Cancel the jobs not started, wait for the others (no worker outlives the round or
+        gather); returns the lent instances whose job finished, not yet taken."""
+        for f in list(self.futures.values()):
+            f.cancel()
+        self.ahead._stop_asks(self)
+        done = []
+        for i, f in list(self.futures.items()):
+            if f.cancelled():
+                continue
+            try:
+                out = f.result()
+            except BaseException:   # noqa: BLE001 -- a job's own errors are outcomes
+                continue
+            self._merge(out[3])
+            if not self.thunks:
+                done.append(self.jobs[i])
+        return done
+
+    def close(self) -> None:
+        """Wait for every job still running (finish), then drop what the driver did not
+        take."""
+        if self.closed:
+            return
+        self.closed = True
+        ahead, rt = self.ahead, self.ahead.rt
+        try:
+            self.finish()
+        finally:
+            self.futures.clear()
+            lent = rt.lent
+            for m in (self.taken if self.thunks else self.jobs + self.taken):
+                if lent is not None and lent.get(m) is self:
+                    del lent[m]
+                ahead.lent_done.pop(m, None)
+            if self in ahead.lendings:
+                ahead.lendings.remove(self)
+            if not ahead.lendings:
+                ahead.reading = False
+
+
+def _lend(self, jobs, thunks: bool, own: bool) -> _Lending:
+    """Lend ``jobs`` (instances, or a gather's thunks) to worker threads: at most
+    max_workers - 1 in flight (the driver is the other worker)."""
+    workers = self.rt.max_workers or 4
+    lending = _Lending(self, jobs, thunks, own, workers - 1)
+    self.lendings.append(lending)
+    self.reading = True
+    if not thunks:
+        for m in lending.jobs:
+            self.rt.lent[m] = lending
+    lending.top_up()
+    return lending
+
+
+def _lent_result(self, m):
+    """attempt() for m, which was lent or computed by a worker: its outcome, waiting for its
+    job if it is in flight; None when it must run here (it stopped, or was never sent)."""
+    out = self.lent_done.get(m)
+    if out is not None:
+        return out
+    lending = self.rt.lent.pop(m, None)
+    if lending is None or lending.thunks:
+        return None
+    i = lending.index.get(m)
+    if i is None:
+        return None
+    got = lending.wait(i)
+    if got is None or got[0] == "missing":
+        return None
+    kind, payload, log, cells = got
+    own = cells.get(m)
+    if own is None:
+        return None
+    out = (own[0], own[1], own[2], cells)
+    self.lent_done[m] = out
+    return out
+
+
+def _job(self, job, thunk: bool, box=None):
+    """In a worker thread: run one lent job with its reads logged. Returns (kind, payload,
+    log, cells): kind "ok", "error" or "missing" (it read something it may not compute, and
+    stopped); log the job's own reads, (node, change tick) or (node, None) for a first
+    computation it made, whose outcome is cells[node] = (kind, payload, log)."""
+    loc = self._local
+    loc.log, loc.cells, loc.running, loc.stops, loc.box = [], {}, set(), 0, box
+    try:
+        try:
+            if thunk:
+                out = ("ok", job())
+            else:
+                got = self._nested(job)
+                out = ("ok", None) if got is not None else ("missing", None)
+        except _Deferred:
+            out = ("missing", None)
+        except BaseException as e:      # raised by the pass as if run there
+            out = ("error", e)
+        if loc.stops:                   # a stop the function caught: its result rests on it
+            out = ("missing", None)
+        return out[0], out[1], loc.log, loc.cells
+    finally:
+        loc.log = loc.cells = loc.running = loc.box = None
+        loc.stops = 0
+        loc.quiet = 0
+
+
+def _nested(self, n):
+    """In a worker thread: compute n (a first computation it may make) with its own log;
+    its outcome ("ok", value) or ("error", exception) goes to cells[n] and is returned.
+    None when the run stopped and caught it (nothing recorded); a stop that escapes the
+    function propagates (_Deferred)."""
+    from incr import _core
+    loc = self._local
+    parent = loc.log
+    stops = loc.stops
+    loc.log = []
+    loc.running.add(n)
+    try:
+        try:
+            value = _core._lend_invoke(n)
+            if hasattr(value, "__await__"):
+                if hasattr(value, "close"):
+                    value.close()
+                loc.stops += 1        # a coroutine: the driver's own run says what is wrong
+                raise _Deferred(n.label_text)
+            got = ("ok", value)
+        except _Deferred:
+            loc.stops += 1
+            raise
+        except BaseException as e:    # (KeyboardInterrupt too: the driver raises it there)
+            got = ("error", e)
+    finally:
+        log, loc.log = loc.log, parent
+        loc.running.discard(n)
+    if loc.stops != stops:
+        return None                   # it read something it may not compute and caught that
+    loc.cells[n] = (got[0], got[1], log)
+    return got
+
+
+def _worker_demand(self, n):
+    """demand() in a worker thread of n, which is not up to date. A lent cell's run (or a
+    gather's thunk) computes it here when it is a first computation nothing else runs; asks
+    the driver to bring it up to date, and waits, when the driver can (a plain cell that is
+    stale, running there or lent); reads the failure of one that failed in this pass; and
+    otherwise -- and for every read of an LLM generator running ahead -- stops the run
+    (_Deferred)."""
+    from incr import _core
+    loc = self._local
+    cells = getattr(loc, "cells", None)
+    if cells is None:                       # an LLM generator or validator running ahead
+        raise _Deferred(n.label_text)
+    got = cells.get(n)
+    if got is None:
+        if n in loc.running:                # a cycle: the driver's own run names it
+            loc.stops += 1
+            raise _Deferred(n.label_text)
+        state = _core._lend_state(self.rt, n)
+        if state == 1:
+            self._ask(n)                    # the driver brings it up to date meanwhile
+            state = _core._lend_state(self.rt, n)
+        if state == 0:
+            got = self._nested(n)
+            if got is None:
+                loc.stops += 1
+                raise _Deferred(n.label_text)
+        elif state == 3:                    # up to date now
+            value = n.value
+            self.read(n)
+            return value
+        elif state == 4:                    # failed in this pass: raised, as at a local read
+            if not getattr(loc, "quiet", 0):
+                loc.log.append((n, -1))
+            raise _core._lend_failure(self.rt, n)
+        else:
+            loc.stops += 1
+            raise _Deferred(n.label_text)
+    if not getattr(loc, "quiet", 0):
+        loc.log.append((n, None))
+    if got[0] == "error":
+        raise got[1]
+    return got[1]
+
+
+class _Ask:
+    """A worker's request that the driver bring one instance up to date."""
+    __slots__ = ("node", "box", "event", "serving", "stopped")
+
+    def __init__(self, node, box):
+        self.node, self.box = node, box
+        self.event = threading.Event()
+        self.serving = False
+        self.stopped = False
+
+
+def _ask(self, n):
+    """In a worker thread: wait until the driver has brought n up to date (or refused)."""
+    loc = self._local
+    box = loc.box
+    req = _Ask(n, box)
+    with self.cond:
+        if box.lending.stopping:
+            loc.stops += 1
+            raise _Deferred(n.label_text)
+        box.asking = req
+        self.asks.append(req)
+        self.cond.notify_all()
+    try:
+        req.event.wait()
+    finally:
+        box.asking = None
+    if req.stopped:
+        loc.stops += 1
+        raise _Deferred(n.label_text)
+
+
+def _serve(self, req) -> None:
+    """Driver thread: bring req.node up to date for the worker waiting on it."""
+    from incr import _core
+    req.serving = True
+    done = True
+    try:
+        if not req.stopped:
+            r = _core._lend_serve(self.rt, req.node)
+            if r == 2:                # being computed further out: asked again later
+                done = False
+                self.later.append(req)
+            elif r == 0:
+                req.stopped = True
+    except BaseException:
+        req.stopped = True
+        raise
+    finally:
+        req.serving = False
+        if done:
+            req.event.set()
+
+
+def _await(self, fut, box):
+    """Driver thread: wait for a lent job, serving the workers' requests meanwhile. A job
+    whose worker waits for what this thread is doing further out (a request being served, an
+    instance on its stack: a cycle) is told to stop."""
+    from incr import _core
+    cond = self.cond
+    if self.later:                    # asked while their node ran further out: again now
+        with cond:
+            self.asks[:0] = self.later
+            self.later = []
+    while True:
+        req = box.asking
+        if req is not None and not req.event.is_set() and (
+                req.serving or _core._lend_on_stack(req.node)):
+            req.stopped = True
+            req.event.set()
+        with cond:
+            while not fut.done() and not self.asks and not (
+                    box.asking is not None and box.asking.serving):
+                cond.wait(0.05)
+            asks, self.asks = self.asks, []
+        if not asks and fut.done():
+            return fut.result()
+        for i, req in enumerate(asks):
+            try:
+                self._serve(req)
+            except BaseException:
+                for r in asks[i + 1:]:
+                    r.stopped = True
+                    r.event.set()
+                raise
+
+
+def _stop_asks(self, lending) -> None:
+    """A lending closes: its workers' requests are refused (they stop)."""
+    with self.cond:
+        lending.stopping = True
+        keep = []
+        for req in self.asks:
+            if req.box.lending is lending:
+                req.stopped = True
+                req.event.set()
+            else:
+                keep.append(req)
+        self.asks = keep
+        keep = []
+        for req in self.later:
+            if req.box.lending is lending:
+                req.stopped = True
+                req.event.set()
+            else:
+                keep.append(req)
+        self.later = keep
+
+
+class _Box:
+    __slots__ = ("lending", "asking")
+
+    def __init__(self, lending):
+        self.lending = lending
+        self.asking = None
+
+
+Ahead.lend = _lend
+Ahead.lent_result = _lent_result
+Ahead._job = _job
+Ahead._nested = _nested
+Ahead.worker_demand = _worker_demand
+Ahead._ask = _ask
+Ahead._serve = _serve
+Ahead._await = _await
+Ahead._stop_asks = _stop_asks

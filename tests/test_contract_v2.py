@@ -351,8 +351,6 @@ def test_observer_value_before_stabilize_stabilizes(rt):
     assert ob.value == -2 and sorted(runs) == ["a", "b"]
 
 
-@missing("stabilize() runs independent observed plain sync cells one after the other; "
-         "API.md says 'independent ones concurrently' (docs/api.md narrows it to LLM nodes)")
 def test_stabilize_computes_independent_observed_sync_cells_concurrently():
     """the next `stabilize()` computes every observed instance, independent ones concurrently"""
     barrier = threading.Barrier(2, timeout=1.5)
@@ -1992,10 +1990,6 @@ def test_stabilize_runs_observed_llm_generators_concurrently_up_to_max_workers()
     assert 1 <= peak[0] <= 2
 
 
-@missing("stale LLM nodes that an observed cell depends on (not observed themselves) are "
-         "regenerated one after the other by stabilize(), even when the trace already knows "
-         "both; fix: incr/_core_stabilize.pxi stabilize_pass / incr/remote.py (set aside the "
-         "stale LLM dependencies of a stale observed instance, as for observed ones)")
 def test_stabilize_runs_stale_llm_dependencies_of_observed_cells_concurrently():
     """`rt.stabilize()` runs the generators (and validators) of independent stale LLM instances
     concurrently, up to `max_workers`: observed instances, and instances the observed ones
@@ -2334,9 +2328,6 @@ def test_incr_gather_demands_llm_nodes_concurrently(rt):
         incr.gather(3)
 
 
-@missing("incr.gather / cell.map run plain sync cells one after the other (only LLM model "
-         "calls are made together, as docs/api.md narrows it); fix: incr/_core_context.pxi "
-         "gather, run independent thunks in the worker pool")
 def test_incr_gather_demands_plain_cells_concurrently():
     """`incr.gather(*thunks)` inside a sync cell (and `cell.map(iterable_of_args)`) demands
     several instances concurrently and returns their values in order."""
