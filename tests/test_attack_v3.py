@@ -211,3 +211,55 @@ def test_ctrl_c_inside_incrs_event_loop_does_not_hang_stabilize():
         print("value", o.value)
     """)
     assert rc == 0 and "value 4" in out, out[-2000:]
+
+
+# -- (2) arguments the contract2 checks let through -----------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BAD ARGUMENT ACCEPTED: Budget(max_cost=nan) / max_seconds=nan / cooldown=nan pass the "
+    "'positive number or None' check (nan < 0 is False); a nan limit never trips (cost >= nan "
+    "is False), so the budget the caller set is silently off. The validators in "
+    "incr/llmnodes.py (Budget fields) should refuse nan (math.isnan)."))
+@pytest.mark.parametrize("field", ["max_cost", "max_seconds", "cooldown"])
+def test_a_nan_budget_limit_is_refused(field):
+    with pytest.raises(ValueError, match=field):
+        incr.Budget(**{field: float("nan")})
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BAD ARGUMENT ACCEPTED: @incr.validator(version=object()) (or a list) is taken, while "
+    "contract2 refuses the same for @incr.cell/@incr.llm: the version goes into every "
+    "context key by repr, so an object's (per-process address) makes the PASS path miss in "
+    "every new process. incr/llmnodes.py validator() should apply the cell's check."))
+@pytest.mark.parametrize("version", [object(), [1], 1.5])
+def test_a_validator_version_that_is_not_str_or_int_is_refused(version):
+    with pytest.raises(TypeError, match="version"):
+        incr.validator(version=version)(lambda candidate: [])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BAD ERROR: @incr.cell(version='\\ud800') is accepted at definition (contract2 checks "
+    "type only); with a store its first demand fails with a bare UnicodeEncodeError naming "
+    "neither the cell nor the argument. Check the text as ACK/NACK fields are checked "
+    "(incr/_core_nodes.pxi Cell.__init__)."))
+def test_a_version_that_is_not_valid_text_is_refused_where_it_is_given():
+    with pytest.raises(TypeError, match="version"):
+        incr.cell(version="\ud800")(lambda: 1)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BROKEN PROMISE (iteration in key order): a NaN key is accepted by an input map "
+    "(it cannot be ordered: every comparison is False), and the keys after it are out of "
+    "order ([1, 2, 3, nan, 1.5]); two NaN objects are two keys. incr/collections.py "
+    "_key_kind should refuse NaN (ValueError naming the map)."))
+def test_a_nan_key_is_refused_by_an_input_map():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {1: 1, 2: 2, 3: 3})
+    try:
+        m.set(float("nan"), 10)
+    except (TypeError, ValueError):
+        return
+    m.set(1.5, 5)
+    keys = list(m)
+    assert keys == sorted(k for k in keys if k == k) + [k for k in keys if k != k], keys
