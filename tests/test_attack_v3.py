@@ -300,3 +300,58 @@ def test_the_trace_is_consistent_as_soon_as_a_cancelled_waiter_wakes():
             assert await top() == 3
 
     asyncio.run(main())
+
+
+# -- (4) mutation of arguments ----------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BROKEN PROMISE (API.md: 'an instance runs on its own immutable copy of the arguments "
+    "... mutating an argument inside the cell never changes what that instance computes'): "
+    "an LLM node's generator gets ONE copy of its arguments for the whole loop, so the "
+    "second attempt sees what the first attempt did to them. incr/llmnodes.py _Loop should "
+    "hand each generator call a fresh copy (as the core does for each run of a cell)."))
+def test_an_llm_generators_retry_does_not_see_what_the_first_attempt_did_to_its_arguments():
+    seen = []
+
+    @incr.validator
+    def only_second(candidate, req):
+        yield (incr.ACK("a") if candidate == "second"
+               else incr.NACK("a", counterexample=candidate))
+
+    @incr.llm(validators=[only_second])
+    def gen(req, *, previous=None, feedback=()):
+        seen.append(list(req["k"]))
+        req["k"].append("touched")
+        return "second" if previous else "first"
+
+    with incr.Runtime():
+        assert gen({"k": []}) == "second"
+    assert seen == [[], []], seen
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BROKEN PROMISE (same rule): the validators of one candidate share one copy of the "
+    "node's arguments, so a validator that mutates them changes what the next validator "
+    "judges (v2 sees v1's append): a verdict that depends on validator order. "
+    "incr/llmnodes.py should pass each validator call its own copy."))
+def test_a_validator_does_not_see_what_another_validator_did_to_the_arguments():
+    seen = []
+
+    @incr.validator
+    def v1(candidate, req):
+        req["k"].append("v1")
+        yield incr.ACK("a")
+
+    @incr.validator
+    def v2(candidate, req):
+        seen.append(list(req["k"]))
+        yield incr.ACK("b")
+
+    @incr.llm(validators=[v1, v2])
+    def gen(req, *, previous=None, feedback=()):
+        return "c"
+
+    with incr.Runtime():
+        assert gen({"k": []}) == "c"
+    assert seen == [[]], seen
