@@ -121,7 +121,10 @@ def _one_llm_node(rt, calls):
     "run takes the old candidate (made under x=1) as re-validated under x=2, vacuously (no "
     "validators), and serves it as up to date. Set pending before anything can raise in "
     "run(), or mark the run cut short on any BaseException before the loop starts."))
-def test_ctrl_c_as_a_generation_loop_begins_never_serves_the_old_contexts_candidate():
+@pytest.mark.parametrize("where", ["_loop_on", "_new_epoch", "_fresh_budget", "_reread",
+                                   "_vacuous", "_withdrawn_now"])
+def test_ctrl_c_as_a_generation_loop_begins_never_serves_the_old_contexts_candidate(where):
+    # every step of _Loop.run before the loop marks itself "generate" is such a point
     rt = incr.Runtime(max_workers=1)
     calls = []
     x, gen = _one_llm_node(rt, calls)
@@ -129,7 +132,7 @@ def test_ctrl_c_as_a_generation_loop_begins_never_serves_the_old_contexts_candid
     rt.stabilize()
     assert o.value == 10
     x.set(2)
-    _interrupted_stabilize(rt, "_loop_on")
+    _interrupted_stabilize(rt, where)
     rt.stabilize()
     assert o.value == 20, f"served {o.value} (made under x=1) for x=2; generator saw {calls}"
     with rt:
