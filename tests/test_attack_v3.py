@@ -458,3 +458,47 @@ def test_one_stabilize_with_async_nodes_announces_one_pass():
     assert [o.value for o in obs] == [1, 2]
     passes = [n for n in seen if n.startswith("Pass")]
     assert passes == ["PassStarted", "PassFinished"], passes
+
+
+# -- (7) concurrency promised, serial delivered -----------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BROKEN PROMISE (API.md: incr.gather 'demands several instances concurrently'): the "
+    "cold run of a cell that gathers three LLM nodes makes the three calls at once, but its "
+    "warm re-run after a change does not: verification walks the cell's dependencies in "
+    "order (incr/_core_verify.pxi), so the first stale node is regenerated alone (a top-level "
+    "demand: on the main thread, fully serial; stabilize: run ahead alone, then the rest). "
+    "A Barrier(3) the cold run passes breaks. Verification could hand every stale LLM "
+    "dependency of a reader that gathered them to the run-ahead at once."))
+@pytest.mark.parametrize("drive", ["demand", "stabilize"])
+def test_a_warm_rerun_of_a_gather_makes_its_model_calls_at_once(drive):
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", 1)
+    barrier = threading.Barrier(3, timeout=2)     # a guard against a hang, not a timing
+
+    @incr.llm
+    def g(i, *, previous=None, feedback=()):
+        barrier.wait()                             # needs the three calls at once
+        return x.get() * 100 + i
+
+    @incr.cell
+    def c(i):
+        return g(i) + 1
+
+    @incr.cell
+    def all3():
+        return incr.gather(*[(lambda i=i: c(i)) for i in range(3)])
+
+    o = rt.observe(all3) if drive == "stabilize" else None
+
+    def get():
+        if o is not None:
+            rt.stabilize()
+            return o.value
+        with rt:
+            return all3()
+
+    assert get() == [101, 102, 103]               # cold: the three calls at once
+    x.set(2)
+    assert get() == [201, 202, 203]               # warm: BrokenBarrierError
