@@ -502,3 +502,25 @@ def test_a_warm_rerun_of_a_gather_makes_its_model_calls_at_once(drive):
     assert get() == [101, 102, 103]               # cold: the three calls at once
     x.set(2)
     assert get() == [201, 202, 203]               # warm: BrokenBarrierError
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BAD ERROR (API.md: 'A coroutine is never a candidate or a value'; contract2 refuses a "
+    "coroutine *function* as a thunk): a plain lambda thunk that returns a coroutine passes, "
+    "and incr.gather hands the un-awaited coroutine back as the value (then 'never awaited'). "
+    "incr/_core_context.pxi gather should refuse an awaitable result with a TypeError naming "
+    "the thunk (and close it), as a sync cell that returns one does."))
+def test_a_gather_thunk_that_returns_a_coroutine_is_refused():
+    async def fetch():
+        return 1
+
+    @incr.cell
+    def both():
+        return incr.gather(lambda: fetch())
+
+    with incr.Runtime():
+        with pytest.raises(TypeError):
+            v = both()
+            for item in v:
+                if asyncio.iscoroutine(item):
+                    item.close()
