@@ -524,3 +524,152 @@ def test_a_gather_thunk_that_returns_a_coroutine_is_refused():
             for item in v:
                 if asyncio.iscoroutine(item):
                     item.close()
+
+
+# -- what held (fast differential checks; more seeds with INCR_SOAK=1) ------------------------
+
+
+def _mixed_graph_run(seed, max_workers, drive, steps=6):
+    """LLM nodes with validators (one reading another node), a Reject, an rt.nack and
+    input changes; returns what every step observed and the model calls made so far."""
+    import collections
+    rnd = random.Random(seed)
+    calls = collections.Counter()
+    rt = incr.Runtime(max_workers=max_workers)
+    xs = [rt.input(f"x{i}", i) for i in range(3)]
+
+    @incr.validator
+    def not_mult5(c, i):
+        yield incr.ACK("m5") if c % 5 else incr.NACK("m5", counterexample=c)
+
+    @incr.llm(validators=[not_mult5], budget=incr.Budget(max_attempts=6))
+    def gen(i, *, previous=None, feedback=()):
+        calls[i] += 1
+        return xs[i % 3].get() * 7 + i + len(feedback)
+
+    @incr.validator
+    def reads_gen(c, i):
+        yield incr.ACK("rel") if (c + gen(i + 1)) % 4 else incr.NACK("rel", counterexample=c)
+
+    @incr.llm(validators=[reads_gen], budget=incr.Budget(max_attempts=6))
+    def hi(i, *, previous=None, feedback=()):
+        g, w = gen(i), xs[(i + 2) % 3].get()        # reads first: a restart costs no call
+        calls[("hi", i)] += 1
+        return g + w + len(feedback)
+
+    @incr.cell
+    def user(i):
+        v = hi(i)
+        if v % 3 == 0 and xs[0].get() % 2 == 0:
+            raise incr.Reject(hi, i, case="div3", counterexample=v)
+        return v
+
+    @incr.cell
+    def tot():
+        return sum(user(i) for i in range(3))
+
+    obs = [rt.observe(tot)] + [rt.observe(user, i) for i in range(3)]
+    out = []
+    for _ in range(steps):
+        for _ in range(rnd.randint(1, 2)):
+            xs[rnd.randrange(3)].set(rnd.randrange(6))
+        if rnd.random() < 0.2:
+            try:
+                st = rt.state(gen, 1)
+                rt.nack(gen, 1, revision=st.revision, case="ext", counterexample=st.candidate)
+            except IncrError as e:          # gen(1) has not run yet
+                out.append(("nack", type(e).__name__))
+        try:
+            if drive == "async":
+                asyncio.run(rt.astabilize())
+            else:
+                rt.stabilize()
+        except Exception as e:
+            out.append(("error", type(e).__name__))
+        snap = [repr(o.error)[:60] if o.error is not None else o.value for o in obs]
+        for i in range(4):
+            try:
+                snap.append((rt.state(gen, i).status, rt.state(gen, i).candidate))
+            except IncrError as e:
+                snap.append(type(e).__name__)
+        out.append((tuple(snap), dict(calls)))
+    rt._check()
+    return out
+
+
+@pytest.mark.parametrize("drive", ["sync", "async"])
+@pytest.mark.parametrize("seed", range(40) if SOAK else [3, 9])
+def test_held_concurrent_passes_equal_serial_ones_values_statuses_and_calls(seed, drive):
+    assert _mixed_graph_run(seed, 4, drive) == _mixed_graph_run(seed, 1, drive)
+
+
+@pytest.mark.parametrize("seed", range(60) if SOAK else [0, 1])
+def test_held_collections_churn_matches_plain_python(seed):
+    import heapq
+    rnd = random.Random(seed)
+    rt = incr.Runtime()
+    data = {k: rnd.randrange(10) for k in rnd.sample(range(20), 8)}
+    other_data = {k: -k for k in range(0, 20, 3)}
+    m = incr.input_map(rt, "m", data)
+    other = incr.input_map(rt, "o", other_data)
+
+    @incr.cell
+    def sq(k, v):
+        return v * v
+
+    nodes = dict(mp=m.map(sq), flt=m.filter(lambda k, v: v % 2 == 0), cnt=m.count(),
+                 mn=m.min(), mx=m.max(), top=m.top_k(3), grp=m.group_by(lambda k, v: v % 3),
+                 mk=m.map_keys(lambda k: k + 100), jn=m.join(other, how="outer"))
+    nodes["fsum"] = nodes["flt"].sum()
+    nodes["red"] = nodes["mp"].reduce(lambda a, b: a + b, 0)
+    obs = {name: rt.observe(n) for name, n in nodes.items()}
+    for _ in range(40):
+        op = rnd.random()
+        if op < 0.4:
+            k, v = rnd.randrange(20), rnd.randrange(10)
+            m.set(k, v)
+            data[k] = v
+        elif op < 0.6 and data:
+            k = rnd.choice(sorted(data))
+            m.delete(k)
+            del data[k]
+        elif op < 0.8:
+            upd = {rnd.randrange(20): rnd.randrange(10) for _ in range(rnd.randrange(4))}
+            gone = [rnd.randrange(20) for _ in range(rnd.randrange(3))]
+            m.update(upd, delete=gone)
+            data.update(upd)
+            for k in gone:
+                data.pop(k, None)
+        else:
+            k = rnd.randrange(20)
+            if k in other_data and rnd.random() < .5:
+                other.delete(k)
+                del other_data[k]
+            else:
+                other_data[k] = rnd.randrange(10)
+                other.set(k, other_data[k])
+        if rnd.random() < 0.5:
+            continue
+        rt.stabilize()
+        s = dict(sorted(data.items()))
+        groups = {}
+        for k, v in s.items():
+            groups.setdefault(v % 3, {})[k] = v
+        expected = dict(
+            mp={k: v * v for k, v in s.items()}, flt={k: v for k, v in s.items() if v % 2 == 0},
+            cnt=len(s), mn=min(s.values()) if s else None, mx=max(s.values()) if s else None,
+            top=tuple(heapq.nlargest(3, s.items(), key=lambda kv: kv[1])), grp=groups,
+            mk={k + 100: v for k, v in s.items()},
+            jn={k: (s.get(k), other_data.get(k)) for k in sorted(set(s) | set(other_data))},
+            fsum=sum(v for v in s.values() if v % 2 == 0), red=sum(v * v for v in s.values()))
+        for name, want in expected.items():
+            got = obs[name].value
+            if name in ("mp", "flt", "mk", "jn"):
+                assert list(got.items()) == list(want.items()), name
+            elif name == "grp":
+                assert {g: dict(v) for g, v in got.items()} == want, name
+            elif name == "top":
+                assert tuple(got) == want, name
+            else:
+                assert got == want, name
+    rt._check()
