@@ -673,3 +673,68 @@ def test_held_collections_churn_matches_plain_python(seed):
             else:
                 assert got == want, name
     rt._check()
+
+
+# -- (8) Ctrl-C in the async machinery --------------------------------------------------------
+
+
+def _ctrl_c_at_line_starting(fn_name, text):
+    import linecache
+    fired = []
+
+    def tracer(frame, event, arg):
+        if fired:
+            return None
+        if (event == "line" and frame.f_code.co_name == fn_name
+                and linecache.getline(frame.f_code.co_filename,
+                                      frame.f_lineno).strip().startswith(text)):
+            fired.append(frame.f_lineno)
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return tracer
+
+    return tracer, fired
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "RUNTIME BROKEN FOR GOOD after one Ctrl-C (and a false CycleError): incr/_aio.py run_sync "
+    "is not interrupt-safe. Between rt._run_start(n) and its try, the instance's frame stays "
+    "on the stack (every later Input.set: 'ReentrancyError ... from inside the running cell "
+    "leaf()'); between the frame's pop and Resume/do_works taking the run, the instance stays "
+    "running (later: 'CycleError: mid() -> leaf() -> mid()'); after rt.inflight[n] = None, "
+    "'leaf() is in flight with nobody to finish it (an internal error)'. Put the whole of "
+    "run_sync's bookkeeping (and do_works' registration) under one try that undoes it."))
+@pytest.mark.parametrize("fn_name,line", [
+    ("run_sync", "frames = list(rt._frames())"),
+    ("__init__", "self.inst, self.coro, self.y, self.frames = inst, coro, y, frames"),
+    ("do_works", "fut = loop.create_future()"),
+])
+def test_ctrl_c_in_the_first_step_of_an_async_cell_leaves_the_runtime_usable(fn_name, line):
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+
+    @incr.cell
+    async def leaf():
+        await asyncio.sleep(0)
+        return x.get() * 3
+
+    @incr.cell
+    def mid():
+        return leaf() + 1
+
+    o = rt.observe(mid)
+    rt.stabilize()
+    assert o.value == 4
+    x.set(2)
+    tracer, fired = _ctrl_c_at_line_starting(fn_name, line)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rt.stabilize()
+    finally:
+        sys.settrace(None)
+    assert fired, f"{fn_name}: {line!r} never ran: the test no longer interrupts anything"
+    x.set(3)
+    rt.stabilize()
+    assert o.value == 10
+    rt._check()
