@@ -778,3 +778,33 @@ def test_ctrl_c_while_async_work_is_registered_does_not_pin_it_to_a_dead_loop():
     asyncio.run(rt.astabilize())    # IncrError: leaf() is being computed on another event loop
     assert o.value == 10
     rt._check()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SILENT WRONG VALUE / FALSE FAILURE with a validator: Ctrl-C at a step of _Loop.run "
+    "(incr/llmnodes.py) before the re-validation under the new context is recorded "
+    "(_new_epoch, _reread: the old candidate, which the validator NACKs under x=2, is then "
+    "served as 'stable'; _fresh_budget, _vacuous, _fingerprint, _normal: the node ends "
+    "NotAccepted('unknown') with its validator never asked). The epoch/context switch must "
+    "be made all at once, or rolled back on BaseException."))
+@pytest.mark.parametrize("where", ["_new_epoch", "_reread", "_fresh_budget", "_vacuous",
+                                   "_fingerprint", "_normal"])
+def test_ctrl_c_before_a_revalidation_never_serves_a_candidate_its_validator_rejects(where):
+    rt = incr.Runtime(max_workers=1)
+    x = rt.input("x", 1)
+
+    @incr.validator
+    def matches(candidate):
+        yield (incr.ACK("ok") if candidate == x.get() * 10
+               else incr.NACK("ok", counterexample=candidate))
+
+    @incr.llm(validators=[matches])
+    def gen(*, previous=None, feedback=()):
+        return x.get() * 10
+
+    o = rt.observe(gen)
+    rt.stabilize()
+    x.set(2)
+    _interrupted_stabilize(rt, where)
+    rt.stabilize()
+    assert o.value == 20 and rt.state(gen).status == "stable", (o.value, rt.state(gen).status)
