@@ -95,12 +95,13 @@ def _ctrl_c_at(fn_name, nth=1):
 
 def _interrupted_stabilize(rt, fn_name, nth=1):
     tracer, fired = _ctrl_c_at(fn_name, nth)
+    old = sys.gettrace()       # (a coverage tracer, say) put back afterwards
     sys.settrace(tracer)
     try:
         with pytest.raises(KeyboardInterrupt):
             rt.stabilize()
     finally:
-        sys.settrace(None)
+        sys.settrace(old)
     assert fired, f"{fn_name} was never called: the test no longer interrupts anything"
 
 
@@ -384,12 +385,13 @@ def _ctrl_c_at_line(fn_name, text):
 
 def _stabilize_interrupted_at(rt, fn_name, text):
     tracer, fired = _ctrl_c_at_line(fn_name, text)
+    old = sys.gettrace()       # (a coverage tracer, say) put back afterwards
     sys.settrace(tracer)
     try:
         with pytest.raises(KeyboardInterrupt):
             rt.stabilize()
     finally:
-        sys.settrace(None)
+        sys.settrace(old)
     assert fired, f"{fn_name}: {text!r} never ran: the test no longer interrupts anything"
 
 
@@ -727,12 +729,13 @@ def test_ctrl_c_in_the_first_step_of_an_async_cell_leaves_the_runtime_usable(fn_
     assert o.value == 4
     x.set(2)
     tracer, fired = _ctrl_c_at_line_starting(fn_name, line)
+    old = sys.gettrace()       # (a coverage tracer, say) put back afterwards
     sys.settrace(tracer)
     try:
         with pytest.raises(KeyboardInterrupt):
             rt.stabilize()
     finally:
-        sys.settrace(None)
+        sys.settrace(old)
     assert fired, f"{fn_name}: {line!r} never ran: the test no longer interrupts anything"
     x.set(3)
     rt.stabilize()
@@ -764,12 +767,14 @@ def test_ctrl_c_while_async_work_is_registered_does_not_pin_it_to_a_dead_loop():
     x.set(2)
     tracer, fired = _ctrl_c_at_line_starting("do_works", "task = loop.create_task(")
 
+    old = sys.gettrace()
+
     async def interrupted():
         sys.settrace(tracer)
         try:
             await rt.astabilize()
         finally:
-            sys.settrace(None)
+            sys.settrace(old)
 
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(interrupted())
