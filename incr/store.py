@@ -1321,16 +1321,18 @@ class Store:
                             grown += len(fill_nodes[k])
                     idx = self.index          # index nodes: the latest item first
                     icur = txn.cursor(db=idx)
-                    nodes_at = sorted(index.items())
-                    olds = dict(icur.getmulti([k for k, _v in nodes_at])) if nodes_at else {}
+                    at = sorted(index)
+                    olds = dict(icur.getmulti(at)) if at else {}
                     changed = []
-                    for k, items in nodes_at:
-                        old = olds.get(k)
+                    remote = self.remote is not None
+                    for k in at:
+                        items, old = index[k], olds.get(k)
                         v = items[0] if old is None and len(items) == 1 else \
                             _index_merge(old, items)
                         if v != old:
                             changed.append((k, v))
-                        push.append((b"x" + k, v))
+                        if remote:
+                            push.append((b"x" + k, v))
                     if changed:
                         icur.putmulti(changed)
                     for k in sorted(fill_index):   # the local items first, then the remote's
@@ -1744,7 +1746,32 @@ def _program() -> str:
         head = "-c"
     else:
         head = "<interactive>"
-    return json.dumps([head] + [str(a) for a in sys.argv[1:]], ensure_ascii=False)
+    return _short_program([head] + [str(a) for a in sys.argv[1:]])
+
+
+MAX_PROGRAM = 480                 # bytes of a program's key (LMDB keys are at most 511)
+
+
+def _short_program(words: list[str]) -> str:
+    """The JSON of ``words``; if longer than MAX_PROGRAM bytes, its first words and a last
+    one naming how many were left out and a hash of the whole (distinct command lines stay
+    distinct programs)."""
+    full = json.dumps(words, ensure_ascii=False)
+    raw = full.encode("utf-8", "surrogateescape")
+    if len(raw) <= MAX_PROGRAM:
+        return full
+    import xxhash
+    h = xxhash.xxh3_64_hexdigest(raw)
+    kept: list[str] = []
+    for w in words:
+        w = w if len(w) <= 120 else w[:120] + "\u2026"
+        tail = f"\u2026 {len(words) - len(kept) - 1} more ({h})"
+        if len(json.dumps(kept + [w, tail], ensure_ascii=False).encode(
+                "utf-8", "surrogateescape")) > MAX_PROGRAM:
+            break
+        kept.append(w)
+    return json.dumps(kept + [f"\u2026 {len(words) - len(kept)} more ({h})"],
+                      ensure_ascii=False)
 
 
 def _run_programs(txn: lmdb.Transaction, db: Any) -> dict[int, bytes]:
