@@ -144,22 +144,24 @@ cdef tuple _pass_iops(object store):
     # cases without a Python call: the pass is this thread's and not parked (no other thread
     # ends it then), or parked by this thread and younger than the interval (unparked here
     # under the store's lock, as Store._unpark does); anything else goes through pass_ops,
-    # which unparks it, ends it, or begins a new one.
+    # which unparks it, ends it, or begins a new one. (The store's plain attributes are read
+    # from its __dict__: the same values, without a type lookup each.)
+    cdef dict d = <dict>PyObject_GenericGetDict(store, NULL)
     cdef object me = PyThread_get_thread_ident()
-    if store._pass_thread == me:
-        if store._parked is False:
-            iops = store._iops
+    if d.get("_pass_thread") == me:
+        if d.get("_parked") is False:
+            iops = d.get("_iops")
             if iops is not None:
                 return <tuple>iops
         else:
-            lk = store._lk
+            lk = d["_lk"]
             if lk.acquire(False):
                 try:
-                    if (store._parked is True and store._pass_thread == me
-                            and _monotonic() - store._pass_began <= store.interval):
-                        iops = store._iops
+                    if (d.get("_parked") is True and d.get("_pass_thread") == me
+                            and _monotonic() - d["_pass_began"] <= d["interval"]):
+                        iops = d.get("_iops")
                         if iops is not None:
-                            store._parked = False
+                            d["_parked"] = False
                             return <tuple>iops
                 finally:
                     lk.release()
@@ -510,15 +512,19 @@ cdef bint _group_defer(object s) except -1:
     # thread's pass is parked for its next demand, and what is buffered waits for the commit
     # thread (the interval has not run out, nor the records or bytes). True when done; False
     # when commit_due must decide (a commit is due, a first result, another thread waits...).
-    if s.durability != "group" or s._bg_error is not None or s._draining:
+    # (Plain attributes read from the store's __dict__, as in _pass_iops.)
+    cdef dict d = <dict>PyObject_GenericGetDict(s, NULL)
+    if d.get("durability") != "group" or d.get("_bg_error") is not None or d.get("_draining"):
         return False
-    since = s._since
-    if since is None or s.reader is None or s._pass_thread != PyThread_get_thread_ident():
+    since = d.get("_since")
+    if (since is None or d.get("reader") is None
+            or d.get("_pass_thread") != PyThread_get_thread_ident()):
         return False
     now = _monotonic()
-    interval = s.interval
-    if (now - s._pass_began > interval or now - since >= interval
-            or len(<dict>s.pending) >= s.group_records or s._pending_bytes >= s.group_bytes):
+    interval = d["interval"]
+    if (now - d["_pass_began"] > interval or now - since >= interval
+            or len(<dict>d["pending"]) >= d["group_records"]
+            or d["_pending_bytes"] >= d["group_bytes"]):
         return False
-    s._parked = True
+    d["_parked"] = True
     return True
