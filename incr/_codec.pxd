@@ -84,3 +84,8 @@ cdef object _decode_at(bytes data, Py_ssize_t at, Py_ssize_t n)   # the value (k
                                                    # the rest); keys.DecodeError on bad bytes
 cdef void _add_usage_tag(bytearray tags, bytes key) except *   # one hit, for the usage log
 cdef bytes _instance_key(str ident, bytes args, str algorithm)   # keys.instance_key, fast
+cdef bytes _encode_simple(object v)   # keys.encode(v) of a simple value or a flat tuple of
+                                      # them (byte for byte), else None
+cdef bytes _digest(str domain, bytes tag, bytes payload, str algorithm)   # keys.digest, fast
+cdef bytes _trace_bytes(list stored)  # msgpack of the trace's references (record's deps form),
+                                      # or None (a name that is not UTF-8)

@@ -20,6 +20,10 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(object o)
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+    Py_ssize_t PyBytes_GET_SIZE(object o)
+    int PyFloat_Pack8(double x, char *p, int le) except -1
+    long long PyLong_AsLongLongAndOverflow(object o, int *overflow) except? -1
 
 import struct as _struct
 from incr.store import FORMAT as _RECORD_FORMAT, MAGIC as _MAGIC, KIND_CELL as _KIND_CELL, \
@@ -301,44 +305,107 @@ cdef Record _read_record(bytes key, object data):
     return r
 
 
-cdef inline bytes _blob_of(bytes b):
-    return len(b).to_bytes(4, "big") + b
+# --- writing: sizes first, then one buffer filled in place (no per-field bytes objects) ----
+
+cdef inline unsigned char *_w32(unsigned char *p, Py_ssize_t v) noexcept nogil:
+    p[0] = (v >> 24) & 0xff
+    p[1] = (v >> 16) & 0xff
+    p[2] = (v >> 8) & 0xff
+    p[3] = v & 0xff
+    return p + 4
 
 
-cdef Py_ssize_t _sid(dict index, list strs, str s) except -1:
-    i = index.get(s)
-    if i is None:
-        i = index[s] = len(strs)
-        strs.append(s.encode("utf-8", "strict"))
-    return i
+cdef inline unsigned char *_w64(unsigned char *p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[i] = (v >> (56 - 8 * i)) & 0xff
+    return p + 8
+
+
+cdef inline unsigned char *_wblob(unsigned char *p, const char *s, Py_ssize_t n) noexcept nogil:
+    p = _w32(p, n)
+    memcpy(p, s, n)
+    return p + n
+
+
+cdef inline unsigned char *_wbytes(unsigned char *p, bytes b) noexcept:
+    # a blob holding b
+    return _wblob(p, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+
+
+cdef inline Py_ssize_t _sid(list strs, str s) except -1:
+    # the index of s in the record's string table (appended if new)
+    cdef Py_ssize_t i
+    for i in range(len(strs)):
+        if <str>strs[i] == s:
+            return i
+    strs.append(s)
+    return len(strs) - 1
 
 
 cdef bytes _pack_record(str ident, str label, bytes args, bytes val, bytes vh, list deps,
                         long long run):
     # deps: ("i", name, hash) or ("c", identity, args, instance key, hash)
-    cdef dict index = {}
     cdef list strs = []
-    cdef Py_ssize_t cell_i = _sid(index, strs, ident)
-    cdef Py_ssize_t label_i = _sid(index, strs, label)
-    cdef list parts = [_blob_of(args), _blob_of(val), _blob_of(vh),
-                       len(deps).to_bytes(4, "big")]
-    for d in deps:
-        if d[0] == "i":
-            parts.append(b"i" + _sid(index, strs, d[1]).to_bytes(4, "big") + _blob_of(d[2]))
-        else:
-            parts.append(b"c" + _sid(index, strs, d[1]).to_bytes(4, "big") + _blob_of(d[2])
-                         + _blob_of(d[3]) + _blob_of(d[4]))
-    body = [run.to_bytes(8, "big"), len(strs).to_bytes(4, "big")]
-    for s in strs:
-        body.append(_blob_of(s))
-    body.append(cell_i.to_bytes(4, "big") + label_i.to_bytes(4, "big"))
-    body.extend(parts)
-    payload = b"".join(body)
-    if len(payload) > REC_MAX:
-        raise ValueError("record too large")
-    return (b"iR" + bytes((REC_FORMAT, REC_KIND)) + len(payload).to_bytes(4, "big")
-            + _xxh64(<const unsigned char *>PyBytes_AS_STRING(payload),
-                     len(payload)).to_bytes(8, "big") + payload)
+    cdef Py_ssize_t cell_i = _sid(strs, ident)
+    cdef Py_ssize_t label_i = _sid(strs, label)
+    cdef Py_ssize_t nd = len(deps), k, n, size, sl
+    cdef Py_ssize_t *sids = <Py_ssize_t *>malloc((nd if nd else 1) * sizeof(Py_ssize_t))
+    cdef const char *sp
+    cdef tuple d
+    cdef unsigned char *out
+    cdef unsigned char *w
+    if sids == NULL:
+        raise MemoryError()
+    try:
+        size = 12 + 8 + 12 + len(args) + len(val) + len(vh) + 4
+        for k in range(nd):
+            d = <tuple>deps[k]
+            sids[k] = _sid(strs, <str>d[1])
+            if <str>d[0] == "i":
+                size += 9 + len(<bytes>d[2])
+            else:
+                size += 17 + len(<bytes>d[2]) + len(<bytes>d[3]) + len(<bytes>d[4])
+        for s in strs:
+            PyUnicode_AsUTF8AndSize(s, &sl)      # (UnicodeEncodeError for a lone surrogate)
+            size += 4 + sl
+        if size > REC_MAX:
+            raise ValueError("record too large")
+        res = PyBytes_FromStringAndSize(NULL, HEAD + size)
+        out = <unsigned char *>PyBytes_AS_STRING(res)
+        w = out + HEAD
+        w = _w64(w, <uint64_t>run)
+        w = _w32(w, len(strs))
+        for s in strs:
+            sp = PyUnicode_AsUTF8AndSize(s, &sl)
+            w = _wblob(w, sp, sl)
+        w = _w32(w, cell_i)
+        w = _w32(w, label_i)
+        w = _wbytes(w, args)
+        w = _wbytes(w, val)
+        w = _wbytes(w, vh)
+        w = _w32(w, nd)
+        for k in range(nd):
+            d = <tuple>deps[k]
+            if <str>d[0] == "i":
+                w[0] = 0x69
+                w = _w32(w + 1, sids[k])
+                w = _wbytes(w, <bytes>d[2])
+            else:
+                w[0] = 0x63
+                w = _w32(w + 1, sids[k])
+                w = _wbytes(w, <bytes>d[2])
+                w = _wbytes(w, <bytes>d[3])
+                w = _wbytes(w, <bytes>d[4])
+        out[0] = 0x69
+        out[1] = 0x52
+        out[2] = REC_FORMAT
+        out[3] = REC_KIND
+        _w32(out + 4, size)
+        _w64(out + 8, _xxh64(out + HEAD, size))
+        return res
+    finally:
+        free(sids)
 
 
 # --- the index (layout in incr/store.py) -----------------------------------------------------
@@ -348,9 +415,32 @@ cdef bytes _INDEX_ROOT = bytes(16)
 
 cdef bytes _index_step(bytes node, bytes kind, bytes ref, bytes h):
     # the index node after `node` once the dependency `ref` (an input's UTF-8 name, or a
-    # cell's instance key) read a value of hash h
-    return _xxh3_128_digest(node + kind + len(ref).to_bytes(4, "big") + ref
-                            + len(h).to_bytes(4, "big") + h)
+    # cell's instance key) read a value of hash h: XXH3-128(node | kind | len | ref | len | h)
+    cdef Py_ssize_t n = len(node) + len(kind) + 8 + len(ref) + len(h)
+    pre = PyBytes_FromStringAndSize(NULL, n)
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(pre)
+    memcpy(w, PyBytes_AS_STRING(node), len(node))
+    w += len(node)
+    memcpy(w, PyBytes_AS_STRING(kind), len(kind))
+    w += len(kind)
+    w = _wbytes(w, ref)
+    _wbytes(w, h)
+    return _xxh3_128_digest(pre)
+
+
+cdef inline bytes _cat_blobs(bytes head, bytes a, bytes b, bytes c):
+    # head + blob(a) [+ blob(b) + blob(c)]: one index item
+    cdef Py_ssize_t n = len(head) + 4 + len(a)
+    if b is not None:
+        n += 8 + len(b) + len(c)
+    res = PyBytes_FromStringAndSize(NULL, n)
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(res)
+    memcpy(w, PyBytes_AS_STRING(head), len(head))
+    w = _wbytes(w + len(head), a)
+    if b is not None:
+        w = _wbytes(w, b)
+        _wbytes(w, c)
+    return res
 
 
 cdef list _index_nodes(bytes ikey, bytes entry, list deps):
@@ -358,16 +448,16 @@ cdef list _index_nodes(bytes ikey, bytes entry, list deps):
     # given as _pack_record takes them: ("i", name, hash) or ("c", identity, args, ikey, hash)
     cdef bytes node = _INDEX_ROOT
     cdef list out = []
+    cdef tuple d
     for d in deps:
-        if d[0] == "i":
+        if <str>d[0] == "i":
             name = (<str>d[1]).encode("utf-8")
-            out.append((ikey + node, b"i" + _blob_of(name)))
+            out.append((ikey + node, _cat_blobs(b"i", name, None, None)))
             node = _index_step(node, b"i", name, d[2])
         else:
-            out.append((ikey + node, b"c" + _blob_of((<str>d[1]).encode("utf-8"))
-                        + _blob_of(d[2]) + _blob_of(d[3])))
+            out.append((ikey + node, _cat_blobs(b"c", (<str>d[1]).encode("utf-8"), d[2], d[3])))
             node = _index_step(node, b"c", d[3], d[4])
-    out.append((ikey + node, b"E" + _blob_of(entry)))
+    out.append((ikey + node, _cat_blobs(b"E", entry, None, None)))
     return out
 
 
@@ -601,3 +691,280 @@ def instance_key(str ident, bytes args, str algorithm):
     return _instance_key(ident, args, algorithm)
 
 
+
+
+# --- the common encodings, written without the general encoder -----------------------------
+#
+# keys.encode / keys.encode_value of None, bool, int (64-bit), float (not NaN), str, bytes, and
+# a tuple of those are msgpack's bytes (use_bin_type, strict types; a tuple as extension 1
+# around an array): written here byte for byte, so an instance key or value hash made here
+# equals keys' (tests/test_store_codec.py checks it). Anything else is None: keys decides.
+
+cdef inline Py_ssize_t _simple_size(object v) except -2:
+    # bytes msgpack writes for v, or -1 if v is not one of the simple kinds
+    cdef type t = type(v)
+    cdef int ovf
+    cdef long long x
+    cdef Py_ssize_t n
+    cdef double f
+    if v is None or t is bool:
+        return 1
+    if t is int:
+        x = PyLong_AsLongLongAndOverflow(v, &ovf)
+        if ovf:
+            return -1
+        if -32 <= x < 128:
+            return 1
+        if -128 <= x < 256:
+            return 2
+        if -32768 <= x < 65536:
+            return 3
+        if -2147483648 <= x < 4294967296:
+            return 5
+        return 9
+    if t is float:
+        f = v
+        return 9 if f == f else -1
+    if t is str:
+        try:
+            PyUnicode_AsUTF8AndSize(v, &n)
+        except UnicodeError:
+            return -1
+        return n + (1 if n < 32 else 2 if n < 256 else 3 if n < 65536 else 5)
+    if t is bytes:
+        n = PyBytes_GET_SIZE(v)
+        return n + (2 if n < 256 else 3 if n < 65536 else 5)
+    return -1
+
+
+cdef inline unsigned char *_simple_write(unsigned char *w, object v) except NULL:
+    # (v passed _simple_size)
+    cdef type t = type(v)
+    cdef int ovf
+    cdef long long x
+    cdef Py_ssize_t n
+    cdef const char *s
+    if v is None:
+        w[0] = 0xc0
+        return w + 1
+    if t is bool:
+        w[0] = 0xc3 if v is True else 0xc2
+        return w + 1
+    if t is int:
+        x = PyLong_AsLongLongAndOverflow(v, &ovf)
+        if 0 <= x < 128:
+            w[0] = <unsigned char>x
+            return w + 1
+        if -32 <= x < 0:
+            w[0] = <unsigned char>(x & 0xff)
+            return w + 1
+        if x >= 0:
+            if x < 256:
+                w[0] = 0xcc
+                w[1] = <unsigned char>x
+                return w + 2
+            if x < 65536:
+                w[0] = 0xcd
+                w[1] = (x >> 8) & 0xff
+                w[2] = x & 0xff
+                return w + 3
+            if x < 4294967296:
+                w[0] = 0xce
+                return _w32(w + 1, <Py_ssize_t>x)
+            w[0] = 0xcf
+            return _w64(w + 1, <uint64_t>x)
+        if x >= -128:
+            w[0] = 0xd0
+            w[1] = <unsigned char>(x & 0xff)
+            return w + 2
+        if x >= -32768:
+            w[0] = 0xd1
+            w[1] = (x >> 8) & 0xff
+            w[2] = x & 0xff
+            return w + 3
+        if x >= -2147483648:
+            w[0] = 0xd2
+            return _w32(w + 1, <Py_ssize_t>(x & 0xffffffff))
+        w[0] = 0xd3
+        return _w64(w + 1, <uint64_t>x)
+    if t is float:
+        w[0] = 0xcb
+        PyFloat_Pack8(<double>v, <char *>w + 1, 0)
+        return w + 9
+    if t is str:
+        s = PyUnicode_AsUTF8AndSize(v, &n)
+        if n < 32:
+            w[0] = 0xa0 | n
+            w += 1
+        elif n < 256:
+            w[0] = 0xd9
+            w[1] = <unsigned char>n
+            w += 2
+        elif n < 65536:
+            w[0] = 0xda
+            w[1] = (n >> 8) & 0xff
+            w[2] = n & 0xff
+            w += 3
+        else:
+            w[0] = 0xdb
+            w = _w32(w + 1, n)
+        memcpy(w, s, n)
+        return w + n
+    n = PyBytes_GET_SIZE(v)
+    if n < 256:
+        w[0] = 0xc4
+        w[1] = <unsigned char>n
+        w += 2
+    elif n < 65536:
+        w[0] = 0xc5
+        w[1] = (n >> 8) & 0xff
+        w[2] = n & 0xff
+        w += 3
+    else:
+        w[0] = 0xc6
+        w = _w32(w + 1, n)
+    memcpy(w, PyBytes_AS_STRING(v), n)
+    return w + n
+
+
+cdef inline Py_ssize_t _array_head(Py_ssize_t n) noexcept nogil:
+    return 1 if n < 16 else 3 if n < 65536 else 5
+
+
+cdef inline unsigned char *_array_write(unsigned char *w, Py_ssize_t n) noexcept nogil:
+    if n < 16:
+        w[0] = 0x90 | n
+        return w + 1
+    if n < 65536:
+        w[0] = 0xdc
+        w[1] = (n >> 8) & 0xff
+        w[2] = n & 0xff
+        return w + 3
+    w[0] = 0xdd
+    return _w32(w + 1, n)
+
+
+cdef bytes _encode_simple(object v):
+    # keys.encode(v) (= keys.encode_value(v)) when v is a simple value or a tuple of them,
+    # else None
+    cdef Py_ssize_t n, k, inner, m, head
+    cdef unsigned char *w
+    cdef tuple t
+    if type(v) is not tuple:
+        n = _simple_size(v)
+        if n < 0:
+            return None
+        res = PyBytes_FromStringAndSize(NULL, n)
+        _simple_write(<unsigned char *>PyBytes_AS_STRING(res), v)
+        return res
+    t = <tuple>v
+    m = len(t)
+    inner = _array_head(m)
+    for k in range(m):
+        n = _simple_size(t[k])
+        if n < 0:
+            return None
+        inner += n
+    # the extension's head: fixext 1/2/4/8/16, else ext 8/16/32
+    if inner == 1 or inner == 2 or inner == 4 or inner == 8 or inner == 16:
+        head = 2
+    elif inner < 256:
+        head = 3
+    elif inner < 65536:
+        head = 4
+    else:
+        head = 6
+    res = PyBytes_FromStringAndSize(NULL, head + inner)
+    w = <unsigned char *>PyBytes_AS_STRING(res)
+    if head == 2:
+        w[0] = 0xd4 if inner == 1 else 0xd5 if inner == 2 else 0xd6 if inner == 4 \
+            else 0xd7 if inner == 8 else 0xd8
+        w += 1
+    elif head == 3:
+        w[0] = 0xc7
+        w[1] = <unsigned char>inner
+        w += 2
+    elif head == 4:
+        w[0] = 0xc8
+        w[1] = (inner >> 8) & 0xff
+        w[2] = inner & 0xff
+        w += 3
+    else:
+        w[0] = 0xc9
+        w = _w32(w + 1, inner)
+    w[0] = 1              # keys.EXT_TUPLE
+    w = _array_write(w + 1, m)
+    for k in range(m):
+        w = _simple_write(w, t[k])
+    return res
+
+
+def encode_simple(v):
+    """What the engine writes for keys.encode(v) without calling it, or None (for tests)."""
+    return _encode_simple(v)
+
+
+cdef int KEYS_FORMAT = _keys.FORMAT
+
+
+cdef bytes _digest(str domain, bytes tag, bytes payload, str algorithm):
+    # keys.digest(domain, payload, algorithm); tag is keys.DOMAINS[domain]
+    cdef Py_ssize_t n
+    cdef unsigned char *w
+    if algorithm != "xxh3_128":
+        return _keys.digest(domain, payload, algorithm)
+    n = len(payload)
+    pre = PyBytes_FromStringAndSize(NULL, 6 + n)
+    w = <unsigned char *>PyBytes_AS_STRING(pre)
+    memcpy(w, b"incr", 4)
+    w[4] = KEYS_FORMAT
+    w[5] = (<const unsigned char *>PyBytes_AS_STRING(tag))[0]
+    memcpy(w + 6, PyBytes_AS_STRING(payload), n)
+    return b"x" + _xxh3_128_digest(pre)
+
+
+def digest(str domain, bytes payload, str algorithm):
+    """keys.digest, as the engine computes it (for tests: they must agree)."""
+    return _digest(domain, _keys.DOMAINS[domain], payload, algorithm)
+
+
+cdef bytes _trace_bytes(list stored):
+    # msgpack.packb([["i", name, hash] | ["c", [identity, args], hash], ...],
+    # use_bin_type=True) for stored = [("i", name, hash) | ("c", identity, args, ikey, hash)]:
+    # the pre-image of an entry's trace hash, written in place; None if a name is not
+    # UTF-8 (msgpack then says why)
+    cdef Py_ssize_t size = _array_head(len(stored)), a, b, c
+    cdef tuple d
+    cdef unsigned char *w
+    for d in stored:
+        a = _simple_size(d[1])
+        b = _simple_size(d[2])
+        if <str>d[0] == "i":
+            c = 0
+        else:
+            c = _simple_size(d[4]) + 1
+        if a < 0 or b < 0 or c < 0:
+            return None
+        size += 3 + a + b + c
+    res = PyBytes_FromStringAndSize(NULL, size)
+    w = <unsigned char *>PyBytes_AS_STRING(res)
+    w = _array_write(w, len(stored))
+    for d in stored:
+        w[0] = 0x93
+        w[1] = 0xa1
+        if <str>d[0] == "i":
+            w[2] = 0x69
+            w = _simple_write(w + 3, d[1])
+            w = _simple_write(w, d[2])
+        else:
+            w[2] = 0x63
+            w[3] = 0x92
+            w = _simple_write(w + 4, d[1])
+            w = _simple_write(w, d[2])
+            w = _simple_write(w, d[4])
+    return res
+
+
+def trace_bytes(list stored):
+    """The trace hash's pre-image as the engine writes it (for tests: must equal msgpack's)."""
+    return _trace_bytes(stored)

@@ -291,17 +291,22 @@ cdef bint lend_take(Runtime rt, Instance m) except -1   # attempt(): a worker's 
 cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1
 cdef int no_match(Runtime rt, Persist p)               # a lookup ends without a match
 cdef object index_node(Runtime rt, bytes key)          # an index node's value, or None
+cdef tuple _pass_iops(object store)                    # the pass's index cursor methods
 cdef Record index_entry(Runtime rt, bytes ikey, bytes key)   # a sound entry's Record, or None
 cdef object index_choose(Runtime rt, bytes ikey, bytes v)    # where an index node leads
 cdef void adopt(Runtime rt, Instance m, Record rec, list resolved) except *
 cdef Node resolve(Runtime rt, Record rec, Py_ssize_t i)
 cdef Node resolve_cell(Runtime rt, str name, bytes data, Py_ssize_t args_at)
 cdef Persist persist_of(Runtime rt, Instance n)
+cdef object _cell_ident(Cell c)                        # keys.cell_identity, cached if exact
 cdef Persist persist_with(Runtime rt, Instance n, str ident, bytes args)
 cdef object value_hash(Runtime rt, Node n)
+cdef bytes _encode_value(object value)                 # keys.encode_value, common kinds fast
 cdef void record(Runtime rt, Instance n) except *
+cdef list _stored_refs(Runtime rt, object nodes)       # a record's dependencies, or None
 cdef list refs(Runtime rt, object nodes, list stored=*)
 cdef void flush(Runtime rt, bint quiet) except *
+cdef bint _group_defer(object s) except -1             # commit_due's common "group" case
 
 # _core_explain.pxi -- explain(), stats(), and _check() (the invariants above, I1-I7)
 cdef object check(Runtime rt)

@@ -28,6 +28,7 @@ cimport cython
 from libc.stdlib cimport abort
 import inspect
 import time
+from time import monotonic as _monotonic
 
 from cpython.contextvars cimport get_value
 
@@ -47,9 +48,14 @@ import warnings as _warnings
 # the record codec: a second extension module (see _codec.pxd); the per-dependency helpers
 # are inline there and compile into this module
 from cpython.bytes cimport PyBytes_AS_STRING
+from libc.string cimport memcmp
+cdef extern from "Python.h":
+    object PyUnicode_DecodeUTF8(const char *s, Py_ssize_t size, const char *errors)
+    object PyObject_GenericGetDict(object o, void *context)
 from incr._codec cimport (Record, _u32, _blob_bytes, _blob_equals, _dep_hash_at, _rec_str,
                           _read_record, _pack_record, _index_step, _index_nodes,
-                          _decode_simple, _decode_at, _add_usage_tag, _instance_key)
+                          _decode_simple, _decode_at, _add_usage_tag, _instance_key,
+                          _encode_simple, _digest, _trace_bytes)
 from incr._codec import NOT_SIMPLE as _NOT_SIMPLE
 # re-exported: incr.store and the tests import these from here
 from incr._codec import (add_usage_tag, decode_simple, index_nodes, instance_key,

@@ -234,7 +234,9 @@ cdef class Runtime:
         return _explain(self, n)
 
     def stats(self):
-        """Cumulative counters since the runtime was created."""
+        """Cumulative counters since the runtime was created (the remote tier's: see
+        incr.store.tier_stats)."""
+        from incr.store import tier_stats
         return {
             "revision": self.revision,
             "inputs": len(self.inputs),
@@ -248,6 +250,7 @@ cdef class Runtime:
             "store_misses": self.n_store_misses,
             "generations": 0 if self.llm is None else self.llm.generations,
             "validations": 0 if self.llm is None else self.llm.validations,
+            **tier_stats(self.store),
         }
 
     # -- LLM nodes (incr.llm does the work) --------------------------------------------------

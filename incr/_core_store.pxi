@@ -129,9 +129,7 @@ cdef int no_match(Runtime rt, Persist p):
 cdef object index_node(Runtime rt, bytes key):
     # the index node at key, or None: committed (in the pass's read transaction), with
     # what waits for the next commit (durability="group") first
-    if rt.store.pass_ops is None:
-        rt.store.pass_cursor()
-    iops = <tuple>rt.store._iops
+    iops = _pass_iops(rt.store)
     v = iops[1]() if iops[0](key) else None
     pending = <dict>rt.store.pending_index
     if pending:
@@ -141,11 +139,42 @@ cdef object index_node(Runtime rt, bytes key):
     return v
 
 
+cdef tuple _pass_iops(object store):
+    # store._iops for this thread's pass (see Store.pass_ops and pass_cursor). The common
+    # cases without a Python call: the pass is this thread's and not parked (no other thread
+    # ends it then), or parked by this thread and younger than the interval (unparked here
+    # under the store's lock, as Store._unpark does); anything else goes through pass_ops,
+    # which unparks it, ends it, or begins a new one. (The store's plain attributes are read
+    # from its __dict__: the same values, without a type lookup each.)
+    cdef dict d = <dict>PyObject_GenericGetDict(store, NULL)
+    cdef object me = PyThread_get_thread_ident()
+    if d.get("_pass_thread") == me:
+        if d.get("_parked") is False:
+            iops = d.get("_iops")
+            if iops is not None:
+                return <tuple>iops
+        else:
+            lk = d["_lk"]
+            if lk.acquire(False):
+                try:
+                    if (d.get("_parked") is True and d.get("_pass_thread") == me
+                            and _monotonic() - d["_pass_began"] <= d["interval"]):
+                        iops = d.get("_iops")
+                        if iops is not None:
+                            d["_parked"] = False
+                            return <tuple>iops
+                finally:
+                    lk.release()
+    if store.pass_ops is None:
+        store.pass_cursor()
+    return <tuple>store._iops
+
+
 cdef Record index_entry(Runtime rt, bytes ikey, bytes key):
     # the sound record of the entry `key` (of ikey), or None; a damaged one is reported
     # to the store (a warning now, replaced at the next commit)
     cdef Py_ssize_t n = len(ikey)
-    if len(key) <= n or key[:n] != ikey:
+    if len(key) <= n or memcmp(PyBytes_AS_STRING(key), PyBytes_AS_STRING(ikey), n) != 0:
         raise ValueError("it names an entry of another instance")
     data = (<dict>rt.store.pending).get(key)   # (waits for the next commit)
     if data is None:
@@ -194,7 +223,8 @@ cdef object index_choose(Runtime rt, bytes ikey, bytes v):
             if d is not None:
                 return d
         elif kind == 0x69:                  # 'i'
-            d = rt.inputs.get(v[a + 4:end].decode("utf-8", "strict"))
+            d = rt.inputs.get(PyUnicode_DecodeUTF8(<const char *>p + a + 4, end - a - 4,
+                                                   "strict"))
             if d is not None:
                 return d
         elif kind == 0x45:                  # 'E'
@@ -324,18 +354,33 @@ cdef object _with_inputs(Runtime rt, tuple args):
 
 cdef Persist persist_of(Runtime rt, Instance n):
     cdef Persist p
-    ident = _keys.cell_identity(n.cell)
+    ident = _cell_ident(n.cell)
     if ident is None:
         _warn_once(n.cell, f"incr: {n.cell.name} shares its identity with another live "
                            f"cell, so neither is stored; give them distinct version=")
     else:
         try:
-            return persist_with(rt, n, ident, _keys.encode(n.args))
+            args = _encode_simple(n.args)     # the common argument tuple, in place
+            if args is None:
+                args = _keys.encode(n.args)
+            return persist_with(rt, n, ident, args)
         except TypeError as e:
             _warn_once(n.cell, f"incr: arguments of {n.label()} cannot be stored ({e})")
     p = Persist()
     n.persist = p
     return p
+
+
+cdef object _cell_ident(Cell c):
+    # keys.cell_identity(c): an exact identity is fixed once known (keys caches it on the
+    # cell), so it is read from there without a call; an inexact one depends on the other
+    # live cells and is asked every time
+    cdef dict d = <dict>PyObject_GenericGetDict(c, NULL)
+    if d.get("_incr_exact") is True:
+        ident = d.get("_incr_ident")
+        if type(ident) is str:
+            return ident
+    return _keys.cell_identity(c)
 
 
 cdef Persist persist_with(Runtime rt, Instance n, str ident, bytes args):
@@ -352,38 +397,72 @@ cdef Persist persist_with(Runtime rt, Instance n, str ident, bytes args):
 cdef object value_hash(Runtime rt, Node n):
     if n.vhash is None:
         try:
-            n.vhash = _keys.digest("value", _keys.encode_value(n.value), rt.hash)
+            n.vhash = _digest("value", b"V", _encode_value(n.value), rt.hash)
         except TypeError:
             n.vhash = b""
     return n.vhash
+
+
+cdef bytes _encode_value(object value):
+    # keys.encode_value(value): the common kinds in place
+    b = _encode_simple(value)
+    if b is None:
+        return _keys.encode_value(value)
+    return b
 
 
 cdef void record(Runtime rt, Instance n) except *:
     # Store n's value with the content hashes of the dependencies it read: a constructive
     # trace keyed by its immediate dependencies, so cutoff holds across processes.
     cdef Persist p = n.persist
-    cdef Node d
-    cdef Persist dp
     if p is None:
         p = persist_of(rt, n)
     if not p.ok:
         return
     try:
-        val = _keys.encode_value(n.value)
+        val = _encode_value(n.value)
     except TypeError as e:
         n.vhash = b""
         _warn_once(n.cell, f"incr: the value of {n.label()} cannot be stored, so it stays "
                            f"in memory only ({e})")
         return
-    n.vhash = _keys.digest("value", val, rt.hash)
-    cdef list stored = []   # the references, with instance keys, as the record holds them
-    cdef list deps = refs(rt, n.deps, stored)   # what the trace hash is taken of
-    if deps is None:
+    n.vhash = _digest("value", b"V", val, rt.hash)
+    # the references, with instance keys, as the record holds them; the trace hash is
+    # taken of them without the instance keys (see refs)
+    cdef list stored = _stored_refs(rt, n.deps)
+    if stored is None:
         return  # it read something that cannot be named or hashed: nothing to verify it by
-    trace = _keys.digest("trace", _msgpack.packb(deps, use_bin_type=True), rt.hash)
-    rt.store.put(p.ikey + trace, _pack_record(p.ident, n.label(), p.args, val, n.vhash,
-                                                stored, rt.store.run),
-                   _index_nodes(p.ikey, p.ikey + trace, stored))
+    pre = _trace_bytes(stored)
+    if pre is None:
+        pre = _msgpack.packb(refs(rt, n.deps), use_bin_type=True)
+    entry = p.ikey + _digest("trace", b"T", pre, rt.hash)
+    rt.store.put(entry, _pack_record(p.ident, n.label(), p.args, val, n.vhash, stored,
+                                     rt.store.run),
+                 _index_nodes(p.ikey, entry, stored))
+
+
+cdef list _stored_refs(Runtime rt, object nodes):
+    # ("i", name, value hash) or ("c", identity, args, instance key, value hash) naming each
+    # node, as a record holds them, or None if one cannot be named or hashed
+    cdef Node d
+    cdef Persist dp
+    cdef list out = []
+    for d in nodes:
+        if not (d.flags & F_HAS_VALUE):
+            return None
+        h = value_hash(rt, d)
+        if not h:
+            return None
+        if isinstance(d, Input):
+            out.append(("i", (<Input>d).name, h))
+        else:
+            dp = (<Instance>d).persist
+            if dp is None:
+                dp = persist_of(rt, <Instance>d)
+            if not dp.ok:
+                return None
+            out.append(("c", dp.ident, dp.args, dp.ikey, h))
+    return out
 
 
 cdef list refs(Runtime rt, object nodes, list stored=None):
@@ -417,6 +496,8 @@ cdef list refs(Runtime rt, object nodes, list stored=None):
 cdef void flush(Runtime rt, bint quiet) except *:
     # the end of a top-level demand or pass: commit now ("sync") or within the group
     # interval ("group", see Store.commit_due)
+    if _group_defer(rt.store):
+        return
     if quiet:
         try:
             rt.store.commit_due()
@@ -424,3 +505,26 @@ cdef void flush(Runtime rt, bint quiet) except *:
             pass
     else:
         rt.store.commit_due()
+
+
+cdef bint _group_defer(object s) except -1:
+    # Store.commit_due's common case under durability="group", without a Python call: this
+    # thread's pass is parked for its next demand, and what is buffered waits for the commit
+    # thread (the interval has not run out, nor the records or bytes). True when done; False
+    # when commit_due must decide (a commit is due, a first result, another thread waits...).
+    # (Plain attributes read from the store's __dict__, as in _pass_iops.)
+    cdef dict d = <dict>PyObject_GenericGetDict(s, NULL)
+    if d.get("durability") != "group" or d.get("_bg_error") is not None or d.get("_draining"):
+        return False
+    since = d.get("_since")
+    if (since is None or d.get("reader") is None
+            or d.get("_pass_thread") != PyThread_get_thread_ident()):
+        return False
+    now = _monotonic()
+    interval = d["interval"]
+    if (now - d["_pass_began"] > interval or now - since >= interval
+            or len(<dict>d["pending"]) >= d["group_records"]
+            or d["_pending_bytes"] >= d["group_bytes"]):
+        return False
+    d["_parked"] = True
+    return True

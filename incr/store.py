@@ -4,8 +4,9 @@ Layout of a store directory (a directory incr creates is 0700; the files are 060
 ``data.mdb`` and ``lock.mdb``, and ``incr.lock``, which every open Store holds a shared flock on
 and ``compact`` an exclusive one):
 
-- ``meta``    format version, creation time, run counter, ``entry_bytes`` (the bytes of the
-  entries' records: ``max_bytes`` is checked against it at every commit, see ``_bound``);
+- ``meta``    format version, creation time, run counter, ``stored_bytes`` (the bytes of the
+  entries' records and of the LLM node states: ``max_bytes`` is checked against it at every
+  commit, see ``_bound``);
 - ``entries`` one record per (instance, trace): key = instance key + trace hash, value = a
   record (below). Several traces of one instance coexist (change-and-revert finds the old one);
 - ``log``     usage, as written: one entry per commit that wrote or took entries, key = run
@@ -39,6 +40,8 @@ and ``compact`` an exclusive one):
   of the store: another program's results are not dropped because it ran less recently);
 - ``nodes``   per LLM node instance key: its state (candidates, verdict ledger, attempt log),
   a record of kind 2 written by incr.llmnodes, committed in the same transaction as entries.
+  Its usage is kept like an entry's, under the tag ``node_tag`` (written, or read by
+  ``node``), and ``max_bytes`` counts and evicts it like one.
 
 A record (format 3; its layout is format 2's) is a 16-byte header — magic ``iR``, format version, kind, payload length
 (u32), XXH64 of the payload (u64, ``keys.checksum``) — then the payload; every integer is big endian, a *blob*
@@ -113,9 +116,13 @@ FOLD_AT = 64                      # log entries that make a commit fold the log 
 FOLD_SLACK_PAGES = 64             # ... or log pages beyond a quarter of the entries' + this
 DURABILITY = ("group", "sync")    # Runtime(durability=...): the first is the default
 GROUP_INTERVAL = 0.05             # "group": seconds a result may wait in memory before its commit
-GROUP_RECORDS = 2000              # ... or records (or GROUP_BYTES of them) that commit at once
+GROUP_RECORDS = 10_000            # ... or records (or GROUP_BYTES of them) that commit at once
+                                  # (a bound on one transaction; at 2,000 it, not the interval,
+                                  # set the commit rate from 40,000 results /s on)
 GROUP_BYTES = 16 << 20
-ENTRY_BYTES = b"entry_bytes"      # meta: the bytes of the entries' records (max_bytes)
+ENTRY_BYTES = b"stored_bytes"     # meta: the bytes of the entries' records and of the LLM
+                                  # node states (max_bytes); b"entry_bytes" before, entries
+                                  # only (a store that has only that is counted once anew)
 LRU_LOW = 0.8                     # max_bytes exceeded at a commit: evict down to this share
 
 
@@ -471,6 +478,7 @@ class Store:
         self.durability = durability
         self.interval = GROUP_INTERVAL     # (read once: tests set the module constants first)
         self.group_records = GROUP_RECORDS
+        self.group_bytes = GROUP_BYTES
         self.path = store_path(path)
         self.max_bytes = max_bytes
         self.count_run = count_run
@@ -520,6 +528,7 @@ class Store:
         self._recent: dict[bytes, int] = {}
         self._wseq = 0
         self.evicted = 0                  # entries max_bytes evicted while open
+        self.evicted_nodes = 0            # ... and LLM node states
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
             raise ValueError(f"Store: max_bytes must be a positive int or None, got "
                              f"{max_bytes!r:.80}")
@@ -976,6 +985,9 @@ class Store:
             rec = txn.get(ikey)
         if rec is None and self.remote is not None:
             rec = self._fetch(b"n", ikey)
+        if rec is not None:
+            with self._buf_lock:          # a use, for max_bytes' LRU and gc (as a hit)
+                self.hit_tags += node_tag(ikey)
         return rec
 
     # -- the remote tier: read-through ------------------------------------------------------
@@ -1197,7 +1209,7 @@ class Store:
         since = self._since
         if since is not None:   # (read unlocked: see the end of _write)
             if (now - since >= self.interval or len(self.pending) >= self.group_records
-                    or self._pending_bytes >= GROUP_BYTES):
+                    or self._pending_bytes >= self.group_bytes):
                 self.commit()
             return
         if not self._parked and not self._buffered():
@@ -1219,7 +1231,7 @@ class Store:
                 self._timer.notify()
                 return
         if (now - since >= self.interval or len(self.pending) >= self.group_records
-                or self._pending_bytes >= GROUP_BYTES):
+                or self._pending_bytes >= self.group_bytes):
             self.commit()
 
     def commit(self, wait: float | None = None) -> bool:
@@ -1267,9 +1279,12 @@ class Store:
             self._since = None
         need = sum(map(len, pending.values())) + sum(map(len, nodes.values()))
         logs = []
-        written = list(pending) + [k for k in fill if k not in pending]
+        written = [usage_tag(k) for k in pending]
+        written += [usage_tag(k) for k in fill if k not in pending]
+        written += [node_tag(k) for k in nodes]
+        written += [node_tag(k) for k in fill_nodes if k not in nodes]
         if written:
-            logs.append(b"\x00" + b"".join([usage_tag(k) for k in written]))
+            logs.append(b"\x00" + b"".join(written))
         if hit_tags:
             logs.append(b"\x01" + hit_tags)
         for _attempt in range(8):
@@ -1285,25 +1300,43 @@ class Store:
                             except ValueError:
                                 txn.delete(k, db=self.entries)
                                 grown -= len(v)
-                    for k in sorted(pending):
-                        if txn.put(k, pending[k], db=self.entries, overwrite=False):
-                            grown += len(pending[k])
+                    # entries: the first writer wins (one call for all: those already
+                    # there, written by another process first, are not counted again)
+                    ent = txn.cursor(db=self.entries)
+                    ekeys = sorted(pending)
+                    have = {k for k, _v in ent.getmulti(ekeys)} if ekeys else ()
+                    new = [(k, pending[k]) for k in ekeys if k not in have]
+                    if new:
+                        ent.putmulti(new, overwrite=False)
+                        grown += sum([len(v) for _k, v in new])
                     for k in sorted(fill):   # taken from the remote tier
                         if k not in pending and txn.put(k, fill[k], db=self.entries,
                                                         overwrite=False):
                             grown += len(fill[k])
                     for k in sorted(nodes):   # node states: the latest writer wins
+                        old = txn.get(k, db=self.nodes)
                         txn.put(k, nodes[k], db=self.nodes)
+                        grown += len(nodes[k]) - (0 if old is None else len(old))
                     for k in sorted(fill_nodes):
-                        if k not in nodes:
-                            txn.put(k, fill_nodes[k], db=self.nodes, overwrite=False)
+                        if k not in nodes and txn.put(k, fill_nodes[k], db=self.nodes,
+                                                      overwrite=False):
+                            grown += len(fill_nodes[k])
                     idx = self.index          # index nodes: the latest item first
-                    for k in sorted(index):
-                        old = txn.get(k, db=idx)
-                        v = _index_merge(old, index[k])
+                    icur = txn.cursor(db=idx)
+                    at = sorted(index)
+                    olds = dict(icur.getmulti(at)) if at else {}
+                    changed = []
+                    remote = self.remote is not None
+                    for k in at:
+                        items, old = index[k], olds.get(k)
+                        v = items[0] if old is None and len(items) == 1 else \
+                            _index_merge(old, items)
                         if v != old:
-                            txn.put(k, v, db=idx)
-                        push.append((b"x" + k, v))
+                            changed.append((k, v))
+                        if remote:
+                            push.append((b"x" + k, v))
+                    if changed:
+                        icur.putmulti(changed)
                     for k in sorted(fill_index):   # the local items first, then the remote's
                         old = txn.get(k, db=idx)
                         v = fill_index[k]
@@ -1427,14 +1460,15 @@ class Store:
 
     def _bound(self, txn: lmdb.Transaction, grown: int, written: list[bytes],
                hit_tags: bytes) -> None:
-        """max_bytes at a commit (in its transaction): the entries this commit writes or takes
-        are the most recently used; if the entries then take more than max_bytes, the least
-        recently used others are evicted until they take LRU_LOW of it."""
+        """max_bytes at a commit (in its transaction): the entries and LLM node states this
+        commit writes or takes (``written``: their usage tags) are the most recently used; if
+        the entries and node states then take more than max_bytes, the least recently used
+        others are evicted until they take LRU_LOW of it."""
         self._wseq += 1
         now = self._wseq
         recent = self._recent
-        for k in written:
-            recent[usage_tag(k)] = now
+        for t in written:
+            recent[t] = now
         for i in range(0, len(hit_tags), 8):
             recent[bytes(hit_tags[i:i + 8])] = now
         v = txn.get(ENTRY_BYTES, db=self.meta)
@@ -1442,13 +1476,14 @@ class Store:
             total = max(0, int(v) + grown)
         else:                              # (a store written before the count: counted once)
             total = sum(len(x) for x in txn.cursor(db=self.entries).iternext(keys=False))
+            total += sum(len(x) for x in txn.cursor(db=self.nodes).iternext(keys=False))
         if total > self.max_bytes:
             total = self._evict(txn, now)
         txn.put(ENTRY_BYTES, str(total).encode(), db=self.meta)
 
     def _evict(self, txn: lmdb.Transaction, now: int) -> int:
-        """Evict least recently used entries (never those of the commit ``now``) until the
-        entries take at most LRU_LOW * max_bytes; returns their bytes. Least recently used:
+        """Evict least recently used entries and LLM node states (never those of the commit
+        ``now``) until they take at most LRU_LOW * max_bytes; returns their bytes. Least recently used:
         by the last run that wrote or took the entry (``used``, the log folded first), and
         within this run by the commit that last did. An evicted entry's usage goes with it,
         and the index of its instance is rebuilt from the instance's other entries."""
@@ -1463,24 +1498,35 @@ class Store:
             r = recent.get(t)
             if r == now:
                 continue                   # what this commit writes or takes: kept
-            rows.append(((run, r) if r is not None else (last.get(t, 0), 0), k, n))
+            rows.append(((run, r) if r is not None else (last.get(t, 0), 0), k, n, False))
+        for k, v in txn.cursor(db=self.nodes):
+            n = len(v)
+            total += n
+            t = node_tag(k)
+            r = recent.get(t)
+            if r == now:
+                continue
+            rows.append(((run, r) if r is not None else (last.get(t, 0), 0), k, n, True))
         if total <= self.max_bytes:
             return total
         rows.sort()
         low = int(self.max_bytes * LRU_LOW)
         touched = set()
         cur = txn.cursor(db=self.used_by)
-        for _when, k, n in rows:
+        for _when, k, n, node in rows:
             if total <= low:
                 break
-            txn.delete(k, db=self.entries)
+            txn.delete(k, db=self.nodes if node else self.entries)
             total -= n
-            tag = usage_tag(k)
+            tag = node_tag(k) if node else usage_tag(k)
             txn.delete(tag, db=self.used)
             recent.pop(tag, None)
             if cur.set_range(tag):
                 while cur.key()[:8] == tag and cur.delete():
                     pass
+            if node:
+                self.evicted_nodes += 1
+                continue
             touched.add(k[:_ikey_len(k)])
             self.evicted += 1
         for ik in sorted(touched):
@@ -1661,6 +1707,26 @@ def _index_merge(old: bytes | None, new: list[bytes]) -> bytes:
     return b"".join(out[:INDEX_ITEMS])
 
 
+def node_tag(ikey: bytes) -> bytes:
+    """The usage tag of the LLM node state of instance ``ikey``: ``N`` and its last 7 bytes
+    (8 bytes, as an entry's; a collision with one, about 2**-56 per pair, shares usage)."""
+    return b"N" + ikey[-7:]
+
+
+def tier_stats(store: "Store | None") -> dict[str, int]:
+    """The remote tier's counters for Runtime.stats() (zeros without a remote):
+    remote_hits, records the remote had that passed the checks; remote_misses, keys it did
+    not have (or not reachable: a read not tried during an outage is not counted);
+    remote_errors, failed reads or writes plus damaged records; remote_pushed, records sent
+    to it; remote_dropped, records not sent (an outage, a full queue, or closed first)."""
+    st = store.remote.stats if store is not None and store.remote is not None else {}
+    return {"remote_hits": st.get("found", 0) - st.get("damaged", 0),
+            "remote_misses": st.get("gets", 0) - st.get("found", 0),
+            "remote_errors": st.get("failures", 0) + st.get("damaged", 0),
+            "remote_pushed": st.get("pushed", 0),
+            "remote_dropped": st.get("dropped", 0)}
+
+
 def usage_tag(key: bytes) -> bytes:
     """The 8 bytes that stand for an entry key in usage: 4 of the instance key, 4 of the
     trace hash (both past the algorithm byte). incr._core makes the same tag for each hit."""
@@ -1682,7 +1748,32 @@ def _program() -> str:
         head = "-c"
     else:
         head = "<interactive>"
-    return json.dumps([head] + [str(a) for a in sys.argv[1:]], ensure_ascii=False)
+    return _short_program([head] + [str(a) for a in sys.argv[1:]])
+
+
+MAX_PROGRAM = 480                 # bytes of a program's key (LMDB keys are at most 511)
+
+
+def _short_program(words: list[str]) -> str:
+    """The JSON of ``words``; if longer than MAX_PROGRAM bytes, its first words and a last
+    one naming how many were left out and a hash of the whole (distinct command lines stay
+    distinct programs)."""
+    full = json.dumps(words, ensure_ascii=False)
+    raw = full.encode("utf-8", "surrogateescape")
+    if len(raw) <= MAX_PROGRAM:
+        return full
+    import xxhash
+    h = xxhash.xxh3_64_hexdigest(raw)
+    kept: list[str] = []
+    for w in words:
+        w = w if len(w) <= 120 else w[:120] + "\u2026"
+        tail = f"\u2026 {len(words) - len(kept) - 1} more ({h})"
+        if len(json.dumps(kept + [w, tail], ensure_ascii=False).encode(
+                "utf-8", "surrogateescape")) > MAX_PROGRAM:
+            break
+        kept.append(w)
+    return json.dumps(kept + [f"\u2026 {len(words) - len(kept)} more ({h})"],
+                      ensure_ascii=False)
 
 
 def _run_programs(txn: lmdb.Transaction, db: Any) -> dict[int, bytes]:

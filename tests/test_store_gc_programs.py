@@ -78,3 +78,29 @@ def test_gc_text_report_names_each_program(tmp_path):
     text = _gc(store, "--keep-runs", "1", "--dry-run")
     assert "of each program" in text
     assert text.count("entries used") == 2 and '"sheet"' in text and '"sql"' in text, text
+
+
+def test_a_long_command_line_is_still_a_program(tmp_path, monkeypatch):
+    """A command line longer than an LMDB key (511 bytes) used to make opening the store
+    fail (MDB_BAD_VALSIZE, e.g. pytest with many test files); it is recorded shortened, as
+    JSON, with a hash of the whole, so two long command lines stay two programs."""
+    import sys as _sys
+
+    import incr
+
+    from incr.store import Store
+    for flag in ("a", "b"):
+        monkeypatch.setattr(_sys, "argv", ["prog.py"] + [f"--{flag}-{i}" for i in range(200)])
+        rt = incr.Runtime(store=tmp_path / "s")
+        rt.close()
+    s = Store(tmp_path / "s", count_run=False)
+    try:
+        names, runs, _ = s.programs_usage()
+    finally:
+        s.close()
+    assert len(names) == 2 and len(set(runs.values())) == 2
+    for name in names.values():
+        assert len(name.encode()) <= 480
+        words = json.loads(name)
+        assert words[1] == "--a-0" or words[1] == "--b-0"
+        assert "more" in words[-1]

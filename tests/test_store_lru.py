@@ -155,3 +155,37 @@ def test_least_recently_used_goes_first_across_runs(tmp_path):
     # down to 80% of max_bytes: two of 2..5 (last used in run 1) went; 0 and 1 (taken in
     # run 2) and 6 (this commit) stayed
     assert {"blob(0)", "blob(1)", "blob(6)"} <= kept and len(kept) == 5, kept
+
+
+def test_llm_node_states_count_in_max_bytes_and_are_evicted_lru(tmp_path):
+    """An LLM node's state (incr.llmnodes writes it through Store.put_node) counts in
+    max_bytes like an entry, and is evicted by the same LRU order: a state read since is
+    kept, one not used since is evicted first."""
+    path = str(tmp_path / "s")
+    ran = {"blob": [], "echo": []}
+    rt = incr.Runtime(store=path, max_bytes=20_000)
+    x = rt.input("x", -1)
+    blob, _echo = _cells(x, ran)
+    s = _store(path)
+    a, b = b"x" + b"A" * 16, b"x" + b"B" * 16
+    with rt:
+        s.put_node(a, b"a" * 8000)
+        s.put_node(b, b"b" * 8000)
+        rt._commit()
+        assert s.node(a) == b"a" * 8000          # a use of a's state
+        for k in range(5):
+            blob(k)
+        rt._commit()
+        assert s.evicted_nodes == 0 and s.evicted == 0
+        for k in range(5, 10):
+            blob(k)
+        rt._commit()                             # over max_bytes: b goes first
+        assert s.evicted_nodes == 1
+        assert s.node(b) is None and s.node(a) == b"a" * 8000
+        entries = sum(size for _k, _r, size in s.iter_records())
+        nodes = sum(len(v) for _k, v in s.iter_nodes())
+        assert nodes == 8000 and entries + nodes <= 20_000
+        with s._txn("measuring", db="meta") as txn:
+            assert int(txn.get(b"stored_bytes")) == entries + nodes
+    rt.close()
+    assert ran["blob"] == list(range(10))

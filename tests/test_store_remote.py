@@ -460,3 +460,39 @@ def test_another_backend_behind_the_interface(tmp_path):
             assert [leaf(i) for i in range(5)] == [bytes([i]) * 64 for i in range(5)]
         rt.close()
     assert ran == list(range(5)) and len(tier.d) >= 10
+
+
+def test_the_remote_tiers_counters_are_in_rt_stats(tmp_path, server):
+    """rt.stats() reports the remote tier: records it had (and passed the checks), keys it
+    did not have, failures, records pushed. Without a remote they are all 0."""
+    leaf, ran = _fill(tmp_path, server, n=10)
+    ran.clear()
+    rt = incr.Runtime(store=tmp_path / "b", remote=server.url)
+    with rt:
+        for i in range(10):
+            leaf(i)                       # from the remote
+        before = rt.stats()
+        assert before["remote_hits"] >= 10 and before["remote_errors"] == 0
+        assert before["remote_pushed"] == 0
+        leaf(999)                         # asked, not there: computed, then pushed
+    rt.close()
+    s = rt.stats()
+    assert ran == [999]
+    assert s["remote_misses"] > before["remote_misses"]
+    assert s["remote_pushed"] >= 1 and s["remote_errors"] == 0
+    assert s["store_hits"] == 10
+    server.kill()
+    rt = incr.Runtime(store=tmp_path / "c", remote=server.url)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with rt:
+            leaf(1000)
+        rt.close()
+    assert rt.stats()["remote_errors"] >= 1
+    rt = incr.Runtime(store=tmp_path / "d")
+    with rt:
+        leaf(1)
+    rt.close()
+    assert {k: v for k, v in rt.stats().items() if k.startswith("remote_")} == {
+        "remote_hits": 0, "remote_misses": 0, "remote_errors": 0, "remote_pushed": 0,
+        "remote_dropped": 0}
