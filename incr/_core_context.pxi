@@ -191,6 +191,18 @@ class _Gather:
                 raise
         if deferred is not None:
             raise deferred
+        for i in range(len(out)):
+            if inspect.isawaitable(out[i]):
+                # a coroutine is never a value: every one is closed, and the thunk is named
+                for v in out:
+                    if inspect.iscoroutine(v):
+                        v.close()
+                t = self.thunks[i]
+                raise TypeError(f"incr.gather(): thunk {i} "
+                                f"({getattr(t, '__qualname__', None) or t!r}) returned "
+                                f"{type(out[i]).__name__} {out[i]!r:.60}, not a value; a "
+                                f"coroutine is never a value -- from async code use "
+                                f"asyncio.gather, or make the thunk return a cell's value")
         return out
 
 

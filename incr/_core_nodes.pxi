@@ -229,6 +229,12 @@ cdef class Cell:
                 f"incr.cell {qual}: version must be a str or an int (it names this definition "
                 f"in the store, across processes), got {version!r} "
                 f"({type(version).__qualname__})")
+        if isinstance(version, str):
+            try:
+                version.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise TypeError(f"incr.cell {qual}: version must be valid text (it is stored "
+                                f"as UTF-8), got {version!r}: {e}") from None
         self.version = version
         if cutoff is EQUAL:
             self.cutoff_kind = C_EQUAL

@@ -45,8 +45,8 @@ cdef object stabilize_pass(Runtime rt):
     cdef int rejects = 0
     cdef int rounds = 0
     lending = None
-    ahead_start(rt)
     try:
+        ahead_start(rt)    # inside the try: an interrupt while it sets up still ends the pass
         while True:
             ahead = False
             # two or more observed instances that could run now: all but the first run in

@@ -46,12 +46,6 @@ class _CtrlC:
         raise KeyboardInterrupt
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Ctrl-C while stabilize_pass sets up run-ahead (ahead_start, incr/_core_stabilize.pxi) is "
-    "outside its try/finally: rt.stabilizing stays True (every later Input.set and stabilize "
-    "raise ReentrancyError for good) and rt.dirty_observed was already emptied (the observed "
-    "instances are lost, I5). Move `rt.stabilizing = True ... ahead_start(rt)` (and the "
-    "emptying of dirty_observed) inside the try."))
 def test_ctrl_c_while_a_pass_starts_its_run_ahead_leaves_the_runtime_usable(monkeypatch):
     import incr.remote
     rt = incr.Runtime(max_workers=4)
@@ -242,11 +236,6 @@ def test_a_validator_version_that_is_not_str_or_int_is_refused(version):
         incr.validator(version=version)(lambda candidate: [])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BAD ERROR: @incr.cell(version='\\ud800') is accepted at definition (contract2 checks "
-    "type only); with a store its first demand fails with a bare UnicodeEncodeError naming "
-    "neither the cell nor the argument. Check the text as ACK/NACK fields are checked "
-    "(incr/_core_nodes.pxi Cell.__init__)."))
 def test_a_version_that_is_not_valid_text_is_refused_where_it_is_given():
     with pytest.raises(TypeError, match="version"):
         incr.cell(version="\ud800")(lambda: 1)
@@ -465,15 +454,17 @@ def test_one_stabilize_with_async_nodes_announces_one_pass():
 # -- (7) concurrency promised, serial delivered -----------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.parametrize("drive", [
+    pytest.param("demand", marks=pytest.mark.xfail(strict=True, reason=(
     "BROKEN PROMISE (API.md: incr.gather 'demands several instances concurrently'): the "
     "cold run of a cell that gathers three LLM nodes makes the three calls at once, but its "
     "warm re-run after a change does not: verification walks the cell's dependencies in "
     "order (incr/_core_verify.pxi), so the first stale node is regenerated alone (a top-level "
     "demand: on the main thread, fully serial; stabilize: run ahead alone, then the rest). "
     "A Barrier(3) the cold run passes breaks. Verification could hand every stale LLM "
-    "dependency of a reader that gathered them to the run-ahead at once."))
-@pytest.mark.parametrize("drive", ["demand", "stabilize"])
+    "dependency of a reader that gathered them to the run-ahead at once."))),
+    "stabilize",     # concurrent since the scheduler lends warm runs to workers too
+])
 def test_a_warm_rerun_of_a_gather_makes_its_model_calls_at_once(drive):
     rt = incr.Runtime(max_workers=4)
     x = rt.input("x", 1)
@@ -506,12 +497,6 @@ def test_a_warm_rerun_of_a_gather_makes_its_model_calls_at_once(drive):
     assert get() == [201, 202, 203]               # warm: BrokenBarrierError
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BAD ERROR (API.md: 'A coroutine is never a candidate or a value'; contract2 refuses a "
-    "coroutine *function* as a thunk): a plain lambda thunk that returns a coroutine passes, "
-    "and incr.gather hands the un-awaited coroutine back as the value (then 'never awaited'). "
-    "incr/_core_context.pxi gather should refuse an awaitable result with a TypeError naming "
-    "the thunk (and close it), as a sync cell that returns one does."))
 def test_a_gather_thunk_that_returns_a_coroutine_is_refused():
     async def fetch():
         return 1
