@@ -12,6 +12,10 @@
 #   - an Observer keeps I5: its instance, dirty or without a value, is in rt.dirty_observed.
 
 
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_DECREF
+
+
 class _CutoffPolicy:
     __slots__ = ("name",)
 
@@ -279,7 +283,7 @@ cdef class Cell:
                 raise TypeError(f"{self.qualname_label}: cannot take keyword arguments")
             return args
         try:
-            ba = self.signature.bind(*args, **kwargs)
+            ba = self.signature.bind(*args, **(kwargs or {}))
         except TypeError as e:
             raise TypeError(f"{self.qualname_label}(): {e}") from None
         ba.apply_defaults()
@@ -291,26 +295,50 @@ cdef class Cell:
         ba = inspect.BoundArguments(self.signature, dict(zip(self.param_names, args)))
         return self.fn(*ba.args, **ba.kwargs)
 
+    def __cinit__(self, *args, **kwargs):
+        if type(self) is Cell:
+            self.vectorcall = <void *>_cell_vectorcall
+
     def __call__(self, *args, **kwargs):
+        # (a plain Cell is called through _cell_vectorcall; subclasses come here)
+        return self.call(args, kwargs)
+
+    cdef object call(self, tuple args, dict kwargs):
+        # a call of the cell: kwargs None or empty when there are none
         cdef Runtime rt = <Runtime>get_value(_active)
         cdef dict table
+        cdef Instance n
         if rt is None:
             rt = <Runtime>current()
         if rt is self.cached_rt:
+            n = self.cached_inst
+            if n is not None and not args and not kwargs:
+                # a zero-parameter cell: its one instance, no key built
+                if self.awaited or (_async_defined and not rt.frames):
+                    return self.call_slow(rt, n)
+                return demand(rt, n)
             table = self.cached_table
         else:
             table = table_for(rt, self)
-            self.cached_rt = rt
+            self.cached_rt = None    # (releasing the old runtime may run code: the cache is
+            self.cached_inst = None  # consistent before and after)
             self.cached_table = table
+            self.cached_rt = rt
+        n = lookup(rt, self, table, self.bound(args, kwargs), True)
+        if not self.param_names and self.signature is not None and self.cached_rt is rt:
+            self.cached_inst = n
+        if self.awaited or (_async_defined and not rt.frames):
+            return self.call_slow(rt, n)
+        return demand(rt, n)
+
+    cdef object call_slow(self, Runtime rt, Instance n):
         if self.awaited:
-            return _aio_mod().call(rt, lookup(rt, self, table, self.bound(args, kwargs), True))
-        if _async_defined and not rt.frames:
-            tf = get_value(_task_frames)
-            if tf and (<Frame>tf[len(tf) - 1]).node.rt is rt:
-                # in a task an async cell's run spawned: the demand is that run's read
-                return _aio_mod().in_task(rt, lookup(rt, self, table, self.bound(args, kwargs),
-                                                        True), tf)
-        return demand(rt, lookup(rt, self, table, self.bound(args, kwargs), True))
+            return _aio_mod().call(rt, n)
+        tf = get_value(_task_frames)
+        if tf and (<Frame>tf[len(tf) - 1]).node.rt is rt:
+            # in a task an async cell's run spawned: the demand is that run's read
+            return _aio_mod().in_task(rt, n, tf)
+        return demand(rt, n)
 
     def aget(self, *args, **kwargs):
         """Await this cell's value for these arguments (sync or async cell), from async code:
@@ -353,6 +381,53 @@ class _Bound:
 
     def __call__(self):
         return self.cell(*self.args)
+
+
+cdef extern from "Python.h":
+    Py_ssize_t PyVectorcall_NARGS(size_t nargsf)
+    ctypedef struct PyTypeObject:
+        Py_ssize_t tp_vectorcall_offset
+        unsigned long tp_flags
+    unsigned long Py_TPFLAGS_HAVE_VECTORCALL
+
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+cdef tuple _NO_ARGS = ()
+
+
+cdef object _cell_vectorcall(object callable, PyObject **args, size_t nargsf,
+                             PyObject *kwnames):
+    # Cell.__call__ through the vectorcall protocol: no **kwargs dict is built for a call
+    # without keywords (Cython's tp_call makes an empty one on every call)
+    cdef Py_ssize_t i, n = PyVectorcall_NARGS(nargsf)
+    cdef tuple t
+    cdef dict kw = None
+    cdef object a
+    if n == 0:
+        t = _NO_ARGS
+    else:
+        t = PyTuple_New(n)
+        for i in range(n):
+            a = <object>args[i]
+            Py_INCREF(a)
+            PyTuple_SET_ITEM(t, i, a)
+    if kwnames is not NULL and len(<tuple>kwnames):
+        kw = {}
+        for i in range(len(<tuple>kwnames)):
+            kw[(<tuple>kwnames)[i]] = <object>args[n + i]
+    return (<Cell>callable).call(t, kw)
+
+
+cdef _enable_cell_vectorcall():
+    # Cell instances carry their vectorcall pointer in the `vectorcall` field; tell the type
+    # where it is. A Python subclass (mutable type) does not inherit the flag, and its
+    # instances leave the field NULL, so they go through tp_call and their own __call__.
+    cdef Cell probe = Cell.__new__(Cell)
+    cdef PyTypeObject *tp = <PyTypeObject *>Cell
+    tp.tp_vectorcall_offset = <Py_ssize_t>(<char *>&probe.vectorcall - <char *><PyObject *>probe)
+    tp.tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL
+
+
+_enable_cell_vectorcall()
 
 
 cdef str _label(Cell c, tuple args):

@@ -23,8 +23,8 @@ cdef inline bint _needs_work(Node n):
 cdef object ensure(Runtime rt, Instance n):
     # Bring n up to date. Recorded dependencies are walked with an explicit stack, so the
     # depth of the graph never becomes depth of the C or Python stack.
-    cdef list stack = [n]
-    cdef list idx = [0]
+    cdef list stack = rt.spare_stack
+    cdef list idx = rt.spare_idx
     cdef Instance m
     cdef Node d
     cdef tuple deps
@@ -32,6 +32,16 @@ cdef object ensure(Runtime rt, Instance n):
     cdef bint pushed, must_run
     if n.flags & F_AHEAD:
         raise _Deferred(n.label())    # runs ahead in this pass: whatever reads it waits
+    if stack is not None:
+        # the lists of the last ensure that finished (empty): no allocation per demand. A
+        # nested ensure finds the slot empty and makes its own.
+        rt.spare_stack = None
+        rt.spare_idx = None
+        stack.append(n)
+        idx.append(0)
+    else:
+        stack = [n]
+        idx = [0]
     n.flags |= F_VERIFYING
     try:
         while stack:
@@ -105,15 +115,17 @@ cdef object ensure(Runtime rt, Instance n):
                     m.last_action = A_REUSED
                     rt.n_reused += 1
             m.flags &= ~F_VERIFYING
-            stack.pop()
-            idx.pop()
+            list_pop_keep(stack)     # (list.pop would free the item array at 0)
+            list_pop_keep(idx)
     except BaseException:
         for m in stack:
             m.flags &= ~(F_VERIFYING | F_MUST_RUN)
             if m.persist is not None:
                 m.persist.cands = None
                 m.persist.resolved = None
-        raise
+        raise      # (the lists are dropped: the next ensure makes new ones)
+    rt.spare_stack = stack
+    rt.spare_idx = idx
     if n.flags & F_AHEAD:
         raise _Deferred(n.label())    # it waits: its old value is not the answer
     return n.value
