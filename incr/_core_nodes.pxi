@@ -291,7 +291,9 @@ cdef class Cell:
 
     cdef object invoke(self, tuple args):
         if self.signature is None or self.n_positional == len(self.param_names):
-            return self.fn(*args)
+            # (vectorcall on the tuple's items: no unpacking through PyObject_Call)
+            return PyObject_Vectorcall(self.fn, (<PyTupleObject *>args).ob_item,
+                                       PyTuple_GET_SIZE(args), NULL)
         ba = inspect.BoundArguments(self.signature, dict(zip(self.param_names, args)))
         return self.fn(*ba.args, **ba.kwargs)
 
@@ -390,7 +392,13 @@ cdef extern from "Python.h":
         unsigned long tp_flags
     unsigned long Py_TPFLAGS_HAVE_VECTORCALL
 
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+cdef extern from "Python.h":
+    ctypedef struct PyTupleObject:
+        PyObject *ob_item[1]
+    object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf,
+                               PyObject *kwnames)
 cdef tuple _NO_ARGS = ()
 
 
@@ -402,6 +410,30 @@ cdef object _cell_vectorcall(object callable, PyObject **args, size_t nargsf,
     cdef tuple t
     cdef dict kw = None
     cdef object a
+    cdef Cell c = <Cell>callable
+    cdef Runtime rt
+    cdef type ty
+    cdef PyObject *found
+    if (n == 0 or n == 1) and (kwnames is NULL or not len(<tuple>kwnames)):
+        # the hot paths: the instance found without building a key (a zero-parameter cell's
+        # cached instance; one str/int/None argument, its own key) in the cached table
+        rt = <Runtime>get_value(_active)
+        if rt is not None and rt is c.cached_rt:
+            if n == 0:
+                found = <PyObject *>c.cached_inst if c.cached_inst is not None else NULL
+            elif c.n_positional == 1 and c.simple:
+                a = <object>args[0]
+                ty = type(a)
+                if ty is int or ty is str or a is None:
+                    found = PyDict_GetItem(c.cached_table, a)
+                else:
+                    found = NULL
+            else:
+                found = NULL
+            if found is not NULL:
+                if c.awaited or (_async_defined and not rt.frames):
+                    return c.call_slow(rt, <Instance>found)
+                return demand(rt, <Instance>found)
     if n == 0:
         t = _NO_ARGS
     else:
@@ -414,7 +446,7 @@ cdef object _cell_vectorcall(object callable, PyObject **args, size_t nargsf,
         kw = {}
         for i in range(len(<tuple>kwnames)):
             kw[(<tuple>kwnames)[i]] = <object>args[n + i]
-    return (<Cell>callable).call(t, kw)
+    return c.call(t, kw)
 
 
 cdef _enable_cell_vectorcall():
@@ -435,9 +467,17 @@ cdef str _label(Cell c, tuple args):
 
 
 cdef object _fast_key(tuple args):
-    # str, int and None stand for themselves in keys (bool and float are tagged by keys.py)
+    # str, int and None stand for themselves in keys (bool and float are tagged by keys.py);
+    # one such argument is its own key, as in lru_cache (no tuple hashed or compared; every
+    # other key is a tuple, so the two never meet). None when keys.py must build the key.
     cdef object a
     cdef type t
+    if PyTuple_GET_SIZE(args) == 1:
+        a = (<tuple>args)[0]
+        t = type(a)
+        if t is str or t is int or a is None:
+            return a
+        return None
     for a in args:
         t = type(a)
         if t is not str and t is not int and a is not None:
