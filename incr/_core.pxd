@@ -270,7 +270,7 @@ cdef bint run_in_stack(Runtime rt, Instance m, bint bottom) except -1
 # _core_execute.pxi -- run an instance's function and record what it read
 cdef Frame run_begin(Runtime rt, Instance n)
 cdef Frame frame_take(Runtime rt, Instance n)        # a pooled frame for a sync run
-cdef void frame_give(Runtime rt, Frame f)            # back to the pool, if nothing holds it
+cdef void frame_give(Runtime rt, Frame f) noexcept          # back to the pool, if nothing holds it
 cdef bint run(Runtime rt, Instance n) except -1
 cdef bint run_end(Runtime rt, Instance n, Frame f, bint had, object value) except -1
 cdef void fail(Runtime rt, Instance n, list reads, bint had, BaseException e, str where) except *

@@ -40,12 +40,12 @@ cdef inline void frames_push(list l, Frame f) except *:
         l.append(f)
 
 
-cdef inline void list_pop_keep(list l):
+cdef inline void list_pop_keep(list l) noexcept:
     # (the same for a verification stack: its items are held by the instance tables)
     frames_pop(l)
 
 
-cdef inline void frames_pop(list l):
+cdef inline void frames_pop(list l) noexcept:
     # the last item out, the item array kept (list.pop frees it below half full); the
     # caller holds its own reference to the frame, so the decref frees nothing
     cdef PyListObject *p = <PyListObject *>l
@@ -55,7 +55,7 @@ cdef inline void frames_pop(list l):
     Py_DECREF(<object>o)
 
 
-cdef inline void _list_empty(list l):
+cdef inline void _list_empty(list l) noexcept:
     # l[:] = [], keeping the item array (l is held by one frame only: no one sees it)
     cdef PyListObject *p = <PyListObject *>l
     cdef Py_ssize_t i, k = len(l)
@@ -79,7 +79,7 @@ cdef Frame frame_take(Runtime rt, Instance n):
     return f
 
 
-cdef void frame_give(Runtime rt, Frame f):
+cdef void frame_give(Runtime rt, Frame f) noexcept:
     # f's run is over: back to the pool when only the caller holds it and its reads
     if _refcnt(<PyObject *>f) != 1 or _refcnt(<PyObject *>f.reads) != 1:
         return       # (1: the caller's variable; the argument is borrowed)
@@ -110,6 +110,8 @@ cdef Frame run_begin(Runtime rt, Instance n):
     return f
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef bint run(Runtime rt, Instance n) except -1:
     cdef Frame f
     cdef bint had = (n.flags & F_HAS_VALUE) != 0
@@ -150,6 +152,8 @@ cdef bint run(Runtime rt, Instance n) except -1:
     return True
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef bint run_end(Runtime rt, Instance n, Frame f, bint had, object value) except -1:
     # record a finished run of n (its frame already popped): cutoff, edges, stamps, store
     cdef bint same
@@ -247,6 +251,8 @@ cdef void fail(Runtime rt, Instance n, list reads, bint had, BaseException e, st
         rt.report_log.append((n, A_FAILED))
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef void rewire(Runtime rt, Instance n, tuple old, list new):
     cdef Py_ssize_t i, k = len(old)
     cdef Node d
@@ -266,6 +272,8 @@ cdef void rewire(Runtime rt, Instance n, tuple old, list new):
     n.deps = tuple(new)
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef void raise_ts(Runtime rt, Instance n):
     # keep I4: n after all its deps; then every dependent after n, transitively
     cdef Node d

@@ -76,6 +76,7 @@ cdef class Input(Node):
     def _incr_input_name(self):
         return self.name
 
+    @cython.binding(False)    # a METH_NOARGS method: the hottest read (no CyFunction call)
     def get(self):
         """The current value. Inside a running cell, also records that the cell read it.
 
@@ -393,7 +394,7 @@ cdef extern from "Python.h":
     unsigned long Py_TPFLAGS_HAVE_VECTORCALL
 
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_SIZE
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItemWithError
 cdef extern from "Python.h":
     ctypedef struct PyTupleObject:
         PyObject *ob_item[1]
@@ -425,7 +426,7 @@ cdef object _cell_vectorcall(object callable, PyObject **args, size_t nargsf,
                 a = <object>args[0]
                 ty = type(a)
                 if ty is int or ty is str or a is None:
-                    found = PyDict_GetItem(c.cached_table, a)
+                    found = PyDict_GetItemWithError(c.cached_table, a)   # (str/int/None: no error)
                 else:
                     found = NULL
             else:
