@@ -32,6 +32,13 @@ Workloads (each op is one change or one demand, as named):
   noop      rt.stabilize() with 100 observed instances o(i) = x_i + 1 and nothing changed
   stab1     the same 100 observed instances: set one x_i, rt.stabilize() (one run)
   chainstab the chain of 1,000 with its tail observed: set x, rt.stabilize()
+  flat1     1,000 instances of a keyed cell k(i) = x + i, demanded in a flat loop from top
+            level: set x, then k(0) ... k(999) (each a recomputed cell); per cell
+  flat0     the same with 1,000 zero-parameter cells z_j() = x + j; per cell
+  plain1    the baseline of flat1: a shallow plain Python function p(i) = x + i called in
+            the same flat loop, 1,000 calls per op (x a global); per call
+  plain0    the baseline of flat0: 1,000 zero-argument plain functions, one call each; per call
+  lru       the baseline of hit: an functools.lru_cache hit, called as hit calls leaf(7)
 """
 
 from __future__ import annotations
@@ -47,13 +54,17 @@ import sys
 import tempfile
 import time
 
-WORKLOADS = ("chain", "hit", "cutoff", "tree", "noop", "stab1", "chainstab")
+WORKLOADS = ("chain", "hit", "cutoff", "tree", "noop", "stab1", "chainstab", "flat1", "flat0",
+             "plain1", "plain0", "lru")
+FLAT = 1000
 # operations measured per workload: enough that the per-op count settles, few enough for
 # callgrind (about 50x slower than native) to take seconds
 OPS_CALLGRIND = {"chain": 100, "hit": 20, "cutoff": 200, "tree": 2000, "noop": 2000,
-                 "stab1": 2000, "chainstab": 100}
+                 "stab1": 2000, "chainstab": 100, "flat1": 100, "flat0": 100, "plain1": 100,
+                 "plain0": 100, "lru": 20}
 OPS_TIME = {"chain": 300, "hit": 60, "cutoff": 1000, "tree": 20000, "noop": 20000,
-            "stab1": 20000, "chainstab": 300}
+            "stab1": 20000, "chainstab": 300, "flat1": 1000, "flat0": 1000, "plain1": 3000,
+            "plain0": 3000, "lru": 60}
 HIT_CALLS = 10_000
 
 _HELPER_SRC = r"""
@@ -187,11 +198,71 @@ def setup(name: str):
                 xs[i].set(xs[i].value + 1)
                 rt.stabilize()
         return rt, op
+    if name in ("flat1", "plain1"):
+        x = rt.input("x", 1)
+        rng = range(FLAT)
+        if name == "flat1":
+            @incr.cell
+            def k(i):
+                return x.get() + i
+        else:
+            g = {"xv": 1}
+            exec("def k(i):\n    return xv + i\n", g)
+            k = g["k"]
+
+        def op(n):
+            if name == "flat1":
+                x.set(n + 2)
+            for i in rng:
+                k(i)
+        with rt:
+            op(-1)
+        return rt, op
+    if name in ("flat0", "plain0"):
+        x = rt.input("x", 1)
+        fns = []
+        for j in range(FLAT):
+            if name == "flat0":
+                g = {"x": x, "j": j}
+                exec("def z():\n    return x.get() + j\n", g)
+                z = g["z"]
+                z.__qualname__ = f"z{j}"
+                fns.append(incr.cell(z))
+            else:
+                g = {"xv": 1, "j": j}
+                exec("def z():\n    return xv + j\n", g)
+                fns.append(g["z"])
+
+        def op(n):
+            if name == "flat0":
+                x.set(n + 2)
+            for z in fns:
+                z()
+        with rt:
+            op(-1)
+        return rt, op
+    if name == "lru":
+        import functools
+        y = 1
+
+        @functools.lru_cache(maxsize=None)
+        def leaf(i):
+            return y + i
+
+        rng = range(HIT_CALLS // 10)
+
+        def op(k):
+            for _ in rng:
+                leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7)  # noqa: E501,E702
+        leaf(7)
+        return rt, op
     raise SystemExit(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
 
 
 def per_op_units(name: str) -> int:
-    return HIT_CALLS if name == "hit" else 1
+    if name in ("hit", "lru"):
+        return HIT_CALLS
+    return FLAT if name in ("flat1", "flat0", "plain1", "plain0") else 1
 
 
 def cmd_run(name: str, n: int, warm: int = 3) -> dict:

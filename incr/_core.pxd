@@ -133,6 +133,14 @@ cdef class Cell:
                                      # nodes only (demand_for_effect, _core_demand.pxi)
     cdef Runtime cached_rt           # the runtime whose table was looked up last
     cdef dict cached_table
+    cdef Instance cached_inst        # a zero-parameter cell's one instance in cached_rt, or
+                                     # None (set by the first call there; instances are never
+                                     # removed from a table, so it stays the table's)
+    cdef void *vectorcall            # the vectorcall entry (_cell_vectorcall) for a plain
+                                     # Cell; NULL for subclasses (they may override __call__)
+
+    cdef object call(self, tuple args, dict kwargs)
+    cdef object call_slow(self, Runtime rt, Instance n)
 
     cdef tuple bound(self, tuple args, dict kwargs)
     cdef tuple bind(self, tuple args, dict kwargs)
@@ -159,6 +167,7 @@ cdef class Frame:
     cdef Instance node
     cdef list reads                  # nodes read so far by this run
     cdef long long id
+    cdef Frame next_free             # the next frame in Runtime.free_frames (pooled), or None
 
 
 cdef class Runtime:
@@ -169,7 +178,14 @@ cdef class Runtime:
     cdef long long frame_ids
     cdef dict inputs                 # name -> Input
     cdef dict tables                 # Cell -> {argument key -> Instance}
-    cdef list frames                 # running computations, innermost last
+    cdef list frames                 # running computations, innermost last; a sync run pushes
+                                     # and pops it without shrinking its item array
+                                     # (frames_push/frames_pop, _core_execute.pxi)
+    cdef Frame free_frames           # frames of finished sync runs that nothing else holds,
+                                     # linked through next_free, their reads empty (reused by
+                                     # run(): no allocation per run)
+    cdef list spare_stack, spare_idx # the empty stack and index lists of the last ensure()
+                                     # that returned, or None (_core_verify.pxi)
     cdef unsigned long owner         # the thread that pushed the outermost frame
     cdef list dirty_observed         # observed instances made dirty since the last stabilize
     cdef list unnotified             # Observers whose callbacks an interrupt kept from running
@@ -230,7 +246,9 @@ cdef enum:   # what one step of a store lookup did (_core_store.pxi)
 # ---- The algorithms: module-level functions taking the runtime, one file per step ----------
 # (_core.pyx includes the files; Runtime's Python-visible methods delegate to them. Per-edge
 # helpers are `cdef inline` in their file and not declared here: record_read, record_into,
-# other_busy (demand), new_frame (execute), _needs_work (verify), _same_value (backdate).)
+# other_busy (demand), new_frame, frames_push, frames_pop, list_pop_keep, _list_empty
+# (execute), _needs_work
+# (verify), _same_value (backdate).)
 
 # _core_demand.pxi -- a demand, top-level or nested: the hit path, the cold path, the pass
 # bracket (enter/leave), the instance table
@@ -258,6 +276,8 @@ cdef bint run_in_stack(Runtime rt, Instance m, bint bottom) except -1
 
 # _core_execute.pxi -- run an instance's function and record what it read
 cdef Frame run_begin(Runtime rt, Instance n)
+cdef Frame frame_take(Runtime rt, Instance n)        # a pooled frame for a sync run
+cdef void frame_give(Runtime rt, Frame f) noexcept          # back to the pool, if nothing holds it
 cdef bint run(Runtime rt, Instance n) except -1
 cdef bint run_end(Runtime rt, Instance n, Frame f, bint had, object value) except -1
 cdef void fail(Runtime rt, Instance n, list reads, bint had, BaseException e, str where) except *

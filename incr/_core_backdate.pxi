@@ -25,6 +25,8 @@ cdef inline bint _same_value(object old, object new):
     t = type(old)
     if t is not type(new):
         return False
+    if t is int or t is str:
+        return old == new             # (exact types: their == cannot raise or be overridden)
     if t is float:
         return _same_float(<double>old, <double>new)
     if t is list or t is tuple or t is dict:

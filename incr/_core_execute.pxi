@@ -11,7 +11,83 @@
 #     (_Deferred) records nothing: the instance keeps value, edges and stamps;
 #   - I3: rewire keeps `dependents` the exact reverse of `deps`; I4: raise_ts puts n after its
 #     dependencies and pushes its dependents after it (explicit stack);
-#   - a coroutine is never a value: a sync function that returns one fails with TypeError.
+#   - a coroutine is never a value: a sync function that returns one fails with TypeError;
+#   - no allocation per sync run: its Frame comes from rt.free_frames and goes back there when
+#     nothing else holds it or its reads (a frame that escaped -- to incr.llm, to an async
+#     step -- is left to the collector and never reused), with its reads emptied, so no read
+#     of one run is seen by the next (after an exception or an interrupt too: a frame is
+#     emptied again when it is taken); rt.frames is pushed and popped without shrinking its
+#     item array (CPython frees it whenever a list drops below half full: 0 -> 1 -> 0 on
+#     every top-level run).
+
+
+cdef extern from "Python.h":
+    ctypedef struct PyListObject:
+        PyObject **ob_item
+        Py_ssize_t allocated
+    void Py_SET_SIZE(object o, Py_ssize_t n)
+    Py_ssize_t _refcnt "Py_REFCNT"(PyObject *o)
+
+
+cdef inline void frames_push(list l, Frame f) except *:
+    cdef PyListObject *p = <PyListObject *>l
+    cdef Py_ssize_t k = len(l)
+    if k < p.allocated:
+        Py_INCREF(f)
+        p.ob_item[k] = <PyObject *>f
+        Py_SET_SIZE(l, k + 1)
+    else:
+        l.append(f)
+
+
+cdef inline void list_pop_keep(list l) noexcept:
+    # (the same for a verification stack: its items are held by the instance tables)
+    frames_pop(l)
+
+
+cdef inline void frames_pop(list l) noexcept:
+    # the last item out, the item array kept (list.pop frees it below half full); the
+    # caller holds its own reference to the frame, so the decref frees nothing
+    cdef PyListObject *p = <PyListObject *>l
+    cdef Py_ssize_t k = len(l) - 1
+    cdef PyObject *o = p.ob_item[k]
+    Py_SET_SIZE(l, k)
+    Py_DECREF(<object>o)
+
+
+cdef inline void _list_empty(list l) noexcept:
+    # l[:] = [], keeping the item array (l is held by one frame only: no one sees it)
+    cdef PyListObject *p = <PyListObject *>l
+    cdef Py_ssize_t i, k = len(l)
+    Py_SET_SIZE(l, 0)
+    for i in range(k):
+        Py_DECREF(<object>p.ob_item[i])
+
+
+cdef Frame frame_take(Runtime rt, Instance n):
+    # a frame for a sync run of n: pooled if one is free, else new; a fresh id either way
+    cdef Frame f = rt.free_frames
+    if f is None:
+        return new_frame(rt, n)
+    rt.free_frames = f.next_free
+    f.next_free = None
+    if len(f.reads):
+        _list_empty(f.reads)
+    rt.frame_ids += 1
+    f.node = n
+    f.id = rt.frame_ids
+    return f
+
+
+cdef void frame_give(Runtime rt, Frame f) noexcept:
+    # f's run is over: back to the pool when only the caller holds it and its reads
+    if _refcnt(<PyObject *>f) != 1 or _refcnt(<PyObject *>f.reads) != 1:
+        return       # (1: the caller's variable; the argument is borrowed)
+    if len(f.reads):
+        _list_empty(f.reads)
+    f.node = None
+    f.next_free = rt.free_frames
+    rt.free_frames = f
 
 
 cdef inline Frame new_frame(Runtime rt, Instance n):
@@ -34,6 +110,8 @@ cdef Frame run_begin(Runtime rt, Instance n):
     return f
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef bint run(Runtime rt, Instance n) except -1:
     cdef Frame f
     cdef bint had = (n.flags & F_HAS_VALUE) != 0
@@ -43,7 +121,12 @@ cdef bint run(Runtime rt, Instance n) except -1:
         # running loop, unwind to the nearest await, which runs it (incr._aio)
         return _aio_mod().run_sync(rt, n)
     cdef Py_ssize_t unwinding = len(rt.unwinding) if _async_defined else 0
-    f = run_begin(rt, n)
+    cdef list frames = rt.frames
+    f = frame_take(rt, n)
+    if not frames:
+        rt.owner = PyThread_get_thread_ident()
+    frames_push(frames, f)
+    n.flags = (n.flags | F_RUNNING) & ~F_INVALID
     try:
         if rt.remote is n:
             value = rt.prefetch.take(n)   # an executor's result; its reads replayed
@@ -59,13 +142,18 @@ cdef bint run(Runtime rt, Instance n) except -1:
             del rt.unwinding[unwinding:]
             raise _Suspend(works)
     except BaseException as e:
-        rt.frames.pop()
+        frames_pop(frames)
         fail(rt, n, f.reads, had, e, "raised in cell")
+        frame_give(rt, f)
         raise
-    rt.frames.pop()
-    return run_end(rt, n, f, had, value)
+    frames_pop(frames)
+    run_end(rt, n, f, had, value)
+    frame_give(rt, f)
+    return True
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef bint run_end(Runtime rt, Instance n, Frame f, bint had, object value) except -1:
     # record a finished run of n (its frame already popped): cutoff, edges, stamps, store
     cdef bint same
@@ -163,6 +251,8 @@ cdef void fail(Runtime rt, Instance n, list reads, bint had, BaseException e, st
         rt.report_log.append((n, A_FAILED))
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef void rewire(Runtime rt, Instance n, tuple old, list new):
     cdef Py_ssize_t i, k = len(old)
     cdef Node d
@@ -182,6 +272,8 @@ cdef void rewire(Runtime rt, Instance n, tuple old, list new):
     n.deps = tuple(new)
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef void raise_ts(Runtime rt, Instance n):
     # keep I4: n after all its deps; then every dependent after n, transitively
     cdef Node d

@@ -12,6 +12,10 @@
 #   - an Observer keeps I5: its instance, dirty or without a value, is in rt.dirty_observed.
 
 
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_DECREF
+
+
 class _CutoffPolicy:
     __slots__ = ("name",)
 
@@ -84,6 +88,7 @@ cdef class Input(Node):
     def _incr_input_name(self):
         return self.name
 
+    @cython.binding(False)    # a METH_NOARGS method: the hottest read (no CyFunction call)
     def get(self):
         """The current value. Inside a running cell, also records that the cell read it.
 
@@ -306,7 +311,7 @@ cdef class Cell:
                 raise TypeError(f"{self.qualname_label}: cannot take keyword arguments")
             return args
         try:
-            ba = self.signature.bind(*args, **kwargs)
+            ba = self.signature.bind(*args, **(kwargs or {}))
         except TypeError as e:
             raise TypeError(f"{self.qualname_label}(): {e}") from None
         ba.apply_defaults()
@@ -314,30 +319,56 @@ cdef class Cell:
 
     cdef object invoke(self, tuple args):
         if self.signature is None or self.n_positional == len(self.param_names):
-            return self.fn(*args)
+            # (vectorcall on the tuple's items: no unpacking through PyObject_Call)
+            return PyObject_Vectorcall(self.fn, (<PyTupleObject *>args).ob_item,
+                                       PyTuple_GET_SIZE(args), NULL)
         ba = inspect.BoundArguments(self.signature, dict(zip(self.param_names, args)))
         return self.fn(*ba.args, **ba.kwargs)
 
+    def __cinit__(self, *args, **kwargs):
+        if type(self) is Cell:
+            self.vectorcall = <void *>_cell_vectorcall
+
     def __call__(self, *args, **kwargs):
+        # (a plain Cell is called through _cell_vectorcall; subclasses come here)
+        return self.call(args, kwargs)
+
+    cdef object call(self, tuple args, dict kwargs):
+        # a call of the cell: kwargs None or empty when there are none
         cdef Runtime rt = <Runtime>get_value(_active)
         cdef dict table
+        cdef Instance n
         if rt is None:
             rt = <Runtime>current()
         if rt is self.cached_rt:
+            n = self.cached_inst
+            if n is not None and not args and not kwargs:
+                # a zero-parameter cell: its one instance, no key built
+                if self.awaited or (_async_defined and not rt.frames):
+                    return self.call_slow(rt, n)
+                return demand(rt, n)
             table = self.cached_table
         else:
             table = table_for(rt, self)
-            self.cached_rt = rt
+            self.cached_rt = None    # (releasing the old runtime may run code: the cache is
+            self.cached_inst = None  # consistent before and after)
             self.cached_table = table
+            self.cached_rt = rt
+        n = lookup(rt, self, table, self.bound(args, kwargs), True)
+        if not self.param_names and self.signature is not None and self.cached_rt is rt:
+            self.cached_inst = n
+        if self.awaited or (_async_defined and not rt.frames):
+            return self.call_slow(rt, n)
+        return demand(rt, n)
+
+    cdef object call_slow(self, Runtime rt, Instance n):
         if self.awaited:
-            return _aio_mod().call(rt, lookup(rt, self, table, self.bound(args, kwargs), True))
-        if _async_defined and not rt.frames:
-            tf = get_value(_task_frames)
-            if tf and (<Frame>tf[len(tf) - 1]).node.rt is rt:
-                # in a task an async cell's run spawned: the demand is that run's read
-                return _aio_mod().in_task(rt, lookup(rt, self, table, self.bound(args, kwargs),
-                                                        True), tf)
-        return demand(rt, lookup(rt, self, table, self.bound(args, kwargs), True))
+            return _aio_mod().call(rt, n)
+        tf = get_value(_task_frames)
+        if tf and (<Frame>tf[len(tf) - 1]).node.rt is rt:
+            # in a task an async cell's run spawned: the demand is that run's read
+            return _aio_mod().in_task(rt, n, tf)
+        return demand(rt, n)
 
     def aget(self, *args, **kwargs):
         """Await this cell's value for these arguments (sync or async cell), from async code:
@@ -382,14 +413,99 @@ class _Bound:
         return self.cell(*self.args)
 
 
+cdef extern from "Python.h":
+    Py_ssize_t PyVectorcall_NARGS(size_t nargsf)
+    ctypedef struct PyTypeObject:
+        Py_ssize_t tp_vectorcall_offset
+        unsigned long tp_flags
+    unsigned long Py_TPFLAGS_HAVE_VECTORCALL
+
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM, PyTuple_GET_SIZE
+from cpython.dict cimport PyDict_GetItemWithError
+cdef extern from "Python.h":
+    ctypedef struct PyTupleObject:
+        PyObject *ob_item[1]
+    object PyObject_Vectorcall(object callable, PyObject **args, size_t nargsf,
+                               PyObject *kwnames)
+cdef tuple _NO_ARGS = ()
+
+
+cdef object _cell_vectorcall(object callable, PyObject **args, size_t nargsf,
+                             PyObject *kwnames):
+    # Cell.__call__ through the vectorcall protocol: no **kwargs dict is built for a call
+    # without keywords (Cython's tp_call makes an empty one on every call)
+    cdef Py_ssize_t i, n = PyVectorcall_NARGS(nargsf)
+    cdef tuple t
+    cdef dict kw = None
+    cdef object a
+    cdef Cell c = <Cell>callable
+    cdef Runtime rt
+    cdef type ty
+    cdef PyObject *found
+    if (n == 0 or n == 1) and (kwnames is NULL or not len(<tuple>kwnames)):
+        # the hot paths: the instance found without building a key (a zero-parameter cell's
+        # cached instance; one str/int/None argument, its own key) in the cached table
+        rt = <Runtime>get_value(_active)
+        if rt is not None and rt is c.cached_rt:
+            if n == 0:
+                found = <PyObject *>c.cached_inst if c.cached_inst is not None else NULL
+            elif c.n_positional == 1 and c.simple:
+                a = <object>args[0]
+                ty = type(a)
+                if ty is int or ty is str or a is None:
+                    found = PyDict_GetItemWithError(c.cached_table, a)   # (str/int/None: no error)
+                else:
+                    found = NULL
+            else:
+                found = NULL
+            if found is not NULL:
+                if c.awaited or (_async_defined and not rt.frames):
+                    return c.call_slow(rt, <Instance>found)
+                return demand(rt, <Instance>found)
+    if n == 0:
+        t = _NO_ARGS
+    else:
+        t = PyTuple_New(n)
+        for i in range(n):
+            a = <object>args[i]
+            Py_INCREF(a)
+            PyTuple_SET_ITEM(t, i, a)
+    if kwnames is not NULL and len(<tuple>kwnames):
+        kw = {}
+        for i in range(len(<tuple>kwnames)):
+            kw[(<tuple>kwnames)[i]] = <object>args[n + i]
+    return c.call(t, kw)
+
+
+cdef _enable_cell_vectorcall():
+    # Cell instances carry their vectorcall pointer in the `vectorcall` field; tell the type
+    # where it is. A Python subclass (mutable type) does not inherit the flag, and its
+    # instances leave the field NULL, so they go through tp_call and their own __call__.
+    cdef Cell probe = Cell.__new__(Cell)
+    cdef PyTypeObject *tp = <PyTypeObject *>Cell
+    tp.tp_vectorcall_offset = <Py_ssize_t>(<char *>&probe.vectorcall - <char *><PyObject *>probe)
+    tp.tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL
+
+
+_enable_cell_vectorcall()
+
+
 cdef str _label(Cell c, tuple args):
     return c.qualname_label + "(" + ", ".join([repr(a) for a in args]) + ")"
 
 
 cdef object _fast_key(tuple args):
-    # str, int and None stand for themselves in keys (bool and float are tagged by keys.py)
+    # str, int and None stand for themselves in keys (bool and float are tagged by keys.py);
+    # one such argument is its own key, as in lru_cache (no tuple hashed or compared; every
+    # other key is a tuple, so the two never meet). None when keys.py must build the key.
     cdef object a
     cdef type t
+    if PyTuple_GET_SIZE(args) == 1:
+        a = (<tuple>args)[0]
+        t = type(a)
+        if t is str or t is int or a is None:
+            return a
+        return None
     for a in args:
         t = type(a)
         if t is not str and t is not int and a is not None:

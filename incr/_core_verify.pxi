@@ -20,11 +20,35 @@ cdef inline bint _needs_work(Node n):
     return (n.flags & (F_DIRTY | F_HAS_VALUE)) != F_HAS_VALUE
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef inline int _scan_shallow(Instance m) noexcept:
+    # ensure()'s scan of m's dependencies, in read order, when nothing else is on the stack:
+    # 1 when the first one that decides is changed or failed (m.why set: m must run), 0 when
+    # none is (m is up to date), -1 when the first one that decides is dirty or runs ahead
+    # (the walk in ensure() brings it up to date first). Changes nothing else.
+    cdef tuple deps = m.deps
+    cdef Node d
+    cdef Py_ssize_t i
+    for i in range(len(deps)):
+        d = <Node>deps[i]
+        if d.flags & (F_AHEAD | F_DIRTY):
+            if (d.flags & F_AHEAD or (d.flags & (F_DIRTY | F_HAS_VALUE))
+                    == (F_DIRTY | F_HAS_VALUE)):
+                return -1
+        if not (d.flags & F_HAS_VALUE) or d.changed_at > m.verified_at:
+            m.why = d
+            return 1
+    return 0
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef object ensure(Runtime rt, Instance n):
     # Bring n up to date. Recorded dependencies are walked with an explicit stack, so the
     # depth of the graph never becomes depth of the C or Python stack.
-    cdef list stack = [n]
-    cdef list idx = [0]
+    cdef list stack = rt.spare_stack
+    cdef list idx = rt.spare_idx
     cdef Instance m
     cdef Node d
     cdef tuple deps
@@ -32,6 +56,42 @@ cdef object ensure(Runtime rt, Instance n):
     cdef bint pushed, must_run
     if n.flags & F_AHEAD:
         raise _Deferred(n.label())    # runs ahead in this pass: whatever reads it waits
+    if ((n.flags & (F_DIRTY | F_HAS_VALUE | F_MUST_RUN | F_INVALID)) == (F_DIRTY | F_HAS_VALUE)
+            and rt.store is None and rt.prefetch is None and rt.executor is None
+            and len(rt.frames) < DEEP):
+        # The shallow case, without the stack: n's first decisive dependency is clean. It is
+        # what the walk below does for n alone (the same scan, in read order); a dirty or
+        # running-ahead dependency before a changed one needs the walk (_scan_shallow: -1).
+        i = _scan_shallow(n)
+        if i == 0:
+            n.flags &= ~F_DIRTY
+            n.verified_at = rt.clock
+            n.last_action = A_REUSED
+            rt.n_reused += 1
+            return n.value
+        if i == 1:
+            n.flags |= F_VERIFYING
+            try:
+                run(rt, n)            # (attempt() without a store or an executor)
+            except BaseException:
+                n.flags &= ~(F_VERIFYING | F_MUST_RUN)
+                rt.remote = None
+                raise
+            rt.remote = None
+            n.flags &= ~F_VERIFYING
+            if n.flags & F_AHEAD:
+                raise _Deferred(n.label())
+            return n.value
+    if stack is not None:
+        # the lists of the last ensure that finished (empty): no allocation per demand. A
+        # nested ensure finds the slot empty and makes its own.
+        rt.spare_stack = None
+        rt.spare_idx = None
+        stack.append(n)
+        idx.append(0)
+    else:
+        stack = [n]
+        idx = [0]
     n.flags |= F_VERIFYING
     try:
         while stack:
@@ -104,15 +164,17 @@ cdef object ensure(Runtime rt, Instance n):
                     m.last_action = A_REUSED
                     rt.n_reused += 1
             m.flags &= ~F_VERIFYING
-            stack.pop()
-            idx.pop()
+            list_pop_keep(stack)     # (list.pop would free the item array at 0)
+            list_pop_keep(idx)
     except BaseException:
         for m in stack:
             m.flags &= ~(F_VERIFYING | F_MUST_RUN)
             if m.persist is not None:
                 m.persist.cands = None
                 m.persist.resolved = None
-        raise
+        raise      # (the lists are dropped: the next ensure makes new ones)
+    rt.spare_stack = stack
+    rt.spare_idx = idx
     if n.flags & F_AHEAD:
         raise _Deferred(n.label())    # it waits: its old value is not the answer
     return n.value
