@@ -134,8 +134,8 @@ cdef class Cell:
     cdef Runtime cached_rt           # the runtime whose table was looked up last
     cdef dict cached_table
     cdef Instance cached_inst        # a zero-parameter cell's one instance in cached_rt, or
-                                     # None (set by the first call there; instances are never
-                                     # removed from a table, so it stays the table's)
+                                     # None (set by the first call there; Runtime._drop, the
+                                     # one way out of a table, clears it)
     cdef void *vectorcall            # the vectorcall entry (_cell_vectorcall) for a plain
                                      # Cell; NULL for subclasses (they may override __call__)
 

@@ -405,6 +405,8 @@ cdef class Runtime:
             else:
                 return False
         del table[key]
+        if n.cell.cached_inst is n:
+            n.cell.cached_inst = None    # a zero-parameter cell's cached instance, dropped
         rewire(self, n, n.deps, [])
         n.flags = (n.flags & ~F_HAS_VALUE) | F_DIRTY
         n.value = None
