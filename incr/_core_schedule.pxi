@@ -137,8 +137,11 @@ cdef inline bint lend_ok(Cell c):
 cdef inline bint lend_wanted(Runtime rt):
     # plain cells run in worker threads when the runtime asks for threads (max_workers=N,
     # N >= 2, given explicitly: the default keeps plain cells in the driver thread -- under
-    # the GIL, threads help only cells that wait on I/O) and no executor ships cells itself
-    return rt.max_workers is not None and rt.max_workers != 1 and rt.executor is None
+    # the GIL, threads help only cells that wait on I/O) and no executor ships cells itself.
+    # With a store, the driver looks instances up in it first (a worker would compute what
+    # the store holds, and race the lookup): no lending
+    return rt.max_workers is not None and rt.max_workers != 1 and rt.executor is None \
+        and rt.store is None
 
 
 cdef bint lend_ready(Runtime rt, Instance n):
@@ -289,6 +292,17 @@ def _lend_state(Runtime rt, Instance n):
     return 1
 
 
+def _lend_claim(Runtime rt, Instance n, box):
+    """In a worker thread: claim n's first computation for this job (rt.lent[n] = box), if
+    it is still one nothing else runs; the check and the claim make no Python call between
+    them, so under the GIL the driver cannot start n in between."""
+    if n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING | F_AHEAD) or rt.lent is None \
+            or box is None or n in rt.lent or n in rt.failed or not lend_ok(n.cell):
+        return False
+    rt.lent[n] = box
+    return True
+
+
 def _lend_failure(Runtime rt, Instance n):
     return rt.failed[n]
 
@@ -303,18 +317,25 @@ def _lend_serve(Runtime rt, Instance n):
     this thread's stack), 0 refused (its work runs ahead: the worker stops)."""
     if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
         return 1
-    if n.flags & (F_RUNNING | F_VERIFYING):
-        return 2
     if not (n.flags & F_HAS_VALUE) and n in rt.failed:
         return 1
     if n.flags & F_AHEAD:
         return 0
+    if n.flags & (F_RUNNING | F_VERIFYING) or rt.frames:
+        # being computed further out, or this thread waits inside a running cell: a run
+        # made now could read what is running here and fail as a cycle that is not one
+        return 2
     try:
         ensure(rt, n)
     except _Suspend:
         raise
     except _Deferred:
         return 0
+    except CycleError:
+        # its verification meets what this thread is verifying further out (or a real
+        # cycle): not now; asked again when this thread next waits, else the worker
+        # stops and the run here meets the cycle, if it is one
+        return 2 if _needs_work(n) else 1
     except Exception:
         return 1                       # failed: kept in rt.failed for this pass
     return 1

@@ -436,6 +436,7 @@ class _Lending:
         self.closed = False
         self.stopping = False
         self.boxes: dict = {}        # job index -> _Box (what its worker waits for)
+        self.outcomes: dict = {}     # job index -> its outcome, once the driver waited for it
 
     def top_up(self) -> None:
         busy = sum(1 for f in self.futures.values() if not f.done())
@@ -448,7 +449,7 @@ class _Lending:
             if pool is None:
                 pool = _shared_pool()
             job = self.jobs[i]
-            box = self.boxes[i] = _Box(self)
+            box = self.boxes[i] = _Box(self, i)
             f = self.futures[i] = pool.submit(self.ctx.copy().run, self.ahead._job, job,
                                               self.thunks, box)
             f.add_done_callback(self.ahead._wake)
@@ -457,6 +458,9 @@ class _Lending:
     def wait(self, i: int):
         """Job i's outcome (kind, payload, log, cells), waiting for it; None when it was never
         sent (the driver does it now, and it is never sent)."""
+        out = self.outcomes.get(i)
+        if out is not None:
+            return out
         f = self.futures.get(i)
         if f is None:
             self.skipped.add(i)
@@ -464,6 +468,7 @@ class _Lending:
         self.top_up()
         out = self.ahead._await(f, self.boxes[i])   # (interrupted: close() still waits)
         del self.futures[i]
+        self.outcomes[i] = out
         self.top_up()
         self._merge(out[3])
         return out
@@ -511,9 +516,12 @@ class _Lending:
             self.futures.clear()
             lent = rt.lent
             for m in (self.taken if self.thunks else self.jobs + self.taken):
-                if lent is not None and lent.get(m) is self:
-                    del lent[m]
                 ahead.lent_done.pop(m, None)
+            if lent is not None:
+                for m, v in list(lent.items()):
+                    if v is self or isinstance(v, _Box) and v.lending is self:
+                        del lent[m]
+                        ahead.lent_done.pop(m, None)
             if self in ahead.lendings:
                 ahead.lendings.remove(self)
             if not ahead.lendings:
@@ -541,6 +549,14 @@ def _lent_result(self, m):
     if out is not None:
         return out
     lending = self.rt.lent.pop(m, None)
+    if isinstance(lending, _Box):       # a first computation a worker's job claimed
+        box = lending
+        fut = box.lending.futures.get(box.index)
+        if fut is not None:
+            self._await(fut, box, lambda: m in self.lent_done)
+        if m not in self.lent_done:
+            box.lending.wait(box.index)
+        return self.lent_done.get(m)
     if lending is None or lending.thunks:
         return None
     i = lending.index.get(m)
@@ -616,6 +632,11 @@ def _nested(self, n):
     if loc.stops != stops:
         return None                   # it read something it may not compute and caught that
     loc.cells[n] = (got[0], got[1], log)
+    lent = self.rt.lent
+    if lent is not None and loc.box is not None and lent.get(n) is loc.box:
+        # a first computation it claimed: takeable at once (the driver may be waiting)
+        self.lent_done.setdefault(n, (got[0], got[1], log, loc.cells))
+        self._wake()
     return got
 
 
@@ -637,9 +658,10 @@ def _worker_demand(self, n):
             loc.stops += 1
             raise _Deferred(n.label_text)
         state = _core._lend_state(self.rt, n)
-        if state == 1:
-            self._ask(n)                    # the driver brings it up to date meanwhile
-            state = _core._lend_state(self.rt, n)
+        if state == 0 and not _core._lend_claim(self.rt, n, loc.box):
+            state = _core._lend_state(self.rt, n)     # claimed meanwhile by another thread
+            if state == 0:
+                state = 2
         if state == 0:
             got = self._nested(n)
             if got is None:
@@ -717,7 +739,7 @@ def _serve(self, req) -> None:
             req.event.set()
 
 
-def _await(self, fut, box):
+def _await(self, fut, box, until=None):
     """Driver thread: wait for a lent job, serving the workers' requests meanwhile. A job
     whose worker waits for what this thread is doing further out (a request being served, an
     instance on its stack: a cycle) is told to stop."""
@@ -730,16 +752,19 @@ def _await(self, fut, box):
     while True:
         req = box.asking
         if req is not None and not req.event.is_set() and (
-                req.serving or _core._lend_on_stack(req.node)):
+                req.serving or req in self.later or _core._lend_on_stack(req.node)):
             req.stopped = True
             req.event.set()
         with cond:
             while not fut.done() and not self.asks and not (
-                    box.asking is not None and box.asking.serving):
+                    box.asking is not None and box.asking.serving) and not (
+                    until is not None and until()):
                 cond.wait(0.05)
             asks, self.asks = self.asks, []
         if not asks and fut.done():
             return fut.result()
+        if not asks and until is not None and until():
+            return None
         for i, req in enumerate(asks):
             try:
                 self._serve(req)
@@ -773,10 +798,13 @@ def _stop_asks(self, lending) -> None:
 
 
 class _Box:
-    __slots__ = ("lending", "asking")
+    """One lent job: its lending and index, and what its worker waits for. Also the value
+    of rt.lent for a first computation its worker claimed (the driver then waits for it)."""
+    __slots__ = ("lending", "index", "asking")
 
-    def __init__(self, lending):
+    def __init__(self, lending, index):
         self.lending = lending
+        self.index = index
         self.asking = None
 
 
