@@ -852,3 +852,43 @@ def test_incr_gather_inside_a_generator_run_ahead_by_a_top_level_gather():
     with rt:
         assert incr.gather(lambda: b()) == [2]
     rt._check()
+
+
+def test_sync_call_of_an_async_cell_whose_first_step_needs_async_work_of_a_sync_read():
+    """Found by the machine at 200 examples (seed 4): a plain sync call of an async cell, with
+    no loop running, whose body reads a sync cell that needs async work (here an async LLM
+    node's generator call) raises ``IncrError: ... sync code running inside an event loop
+    cannot wait for it``, while ``await c()`` (and ``rt.stabilize()`` of an observed ``c``)
+    give the value. The contract: sync code that calls an async cell gets its value. The
+    cause: the first step of the async cell's body is taken in place (``_aio.run_sync``), with
+    this thread's own loop set as the running loop, so the sync cell inside unwinds for the
+    async work (``_Suspend``) as it would in async code, and nothing on the sync demand's path
+    takes that work."""
+    rt = incr.Runtime(max_workers=1)
+    x = rt.input("x", 1)
+    calls = Counter()
+
+    @incr.llm(version="a")
+    async def a(*, previous=None, feedback=()):
+        v = x.get()
+        calls["a"] += 1
+        await asyncio.sleep(0)
+        return v
+
+    @incr.cell
+    def s():
+        calls["s"] += 1
+        return a() + 1
+
+    @incr.cell
+    async def c():
+        calls["c"] += 1
+        return s() + 1
+
+    with rt:
+        assert c() == 3
+        assert calls["a"] == 1
+        x.set(5)
+        assert c() == 7
+        assert calls["a"] == 2
+    rt._check()
