@@ -89,18 +89,30 @@ def drive(coro) -> Any:
         raise
 
 
-def drive_call(rt, coro) -> Any:
+def drive_call(rt, coro, again, deadline=None) -> Any:
     """An async generator's or validator's call from sync code, on this thread's loop: inside
-    it, cells are awaited (async code), so the running frame counts as an async one."""
+    it, cells are awaited (async code), so the running frame counts as an async one.
+
+    A sync step inside the call (a plain call of a sync cell that needs async work) may
+    unwind it (``_Suspend``): this is its restart point. The work is done on the same loop
+    and the call is made again (``again()``: a new coroutine), as the nearest await of incr
+    does in async code. ``deadline``: as for ``before``."""
     frames = rt._frames()
     top = frames[-1] if frames else None
-    if top is None or top in _pseudo:
-        return drive(coro)
-    _pseudo.add(top)
+    mine = top is not None and top not in _pseudo
+    if mine:
+        _pseudo.add(top)
     try:
-        return drive(coro)
+        while True:
+            try:
+                return drive(before(coro, deadline))
+            except _Suspend as s:
+                chain = [rt._frame_info(f)[0] for f in rt._frames()]
+                drive(do_works(rt, s.works, chain))
+            coro = again()
     finally:
-        _pseudo.discard(top)
+        if mine:
+            _pseudo.discard(top)
 
 
 # -- work a sync step can ask for ----------------------------------------------------------
@@ -166,6 +178,20 @@ class Call:
         _node, reads = rt._frame_info(f)
         self.sink[self.skey] = (out, [(d, d._changed_at) for d in reads],
                                 time.monotonic() - t0)
+
+
+async def restarting(rt, make):
+    """Await ``make()`` -- an async generator's or validator's call, in the step of its
+    ``Call`` -- as a restart point: a sync step inside it (a plain call of a sync cell) that
+    unwinds for async work has that work done, and the call is made again. (Handing the
+    unwinding back to the node's loop instead would keep work that may be done by someone
+    else meanwhile, and do it twice.)"""
+    while True:
+        try:
+            return await make()
+        except _Suspend as s:
+            works = s.works
+        await do_works(rt, works, [rt._frame_info(f)[0] for f in rt._frames()])
 
 
 async def before(aw, deadline):
@@ -290,13 +316,27 @@ def run_sync(rt, n) -> bool:
     except StopIteration as s:
         rt._run_finish(n, f, had, s.value, start)
         return True
+    except _Suspend as s:
+        # a sync step inside the body (a sync cell it called, say) unwound for async work
+        rt._run_failed(n, f, had, invalid, s)
+        if running is not None:
+            raise                       # async code: the nearest restart point does it
+        suspended = s
     except BaseException as e:
         rt._run_failed(n, f, had, invalid, e)
         raise
+    else:
+        suspended = None
     finally:
         tf.reset(token)
         if running is None:
             asyncio._set_running_loop(None)
+    if suspended is not None:
+        # sync code: nothing above waits for the work, so it is done here, on this thread's
+        # loop, and the body runs again (as a restart point would)
+        parent = tuple(rt._frames())
+        drive(_redo(rt, n, suspended.works, parent))
+        return True
     rt._frames().pop()                  # n's frame leaves the caller's stack
     work = Resume(n, coro, y, frames, f, had, invalid, start)
     if loop_running():
@@ -305,6 +345,12 @@ def run_sync(rt, n) -> bool:
         raise _Suspend([work])
     drive(work.go(rt))
     return True
+
+
+async def _redo(rt, n, works: list, parent: tuple) -> None:
+    """Do ``works`` (what a first step of ``n`` unwound for), then run ``n`` again."""
+    await do_works(rt, works, [rt._frame_info(f)[0] for f in parent] + [n])
+    await arun(rt, n, parent)
 
 
 class Resume:

@@ -1389,8 +1389,8 @@ class _Loop:
                     await asyncio.sleep(wait)
                 start()
                 try:
-                    out = await node.gen(*self.args, previous=previous, feedback=feedback,
-                                         **self.kwargs)
+                    out = await _aio.restarting(rt, lambda: node.gen(
+                        *self.args, previous=previous, feedback=feedback, **self.kwargs))
                     _no_awaitable(node, st.label, out)
                 except BaseException as e:
                     finish(error=_error_text(e))
@@ -1407,7 +1407,10 @@ class _Loop:
             try:
                 out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
                 if node.gen_is_async and inspect.iscoroutine(out):
-                    out = _aio.drive_call(rt, _aio.before(out, self._deadline()))   # own loop
+                    out = _aio.drive_call(   # this thread's own loop
+                        rt, out, lambda: node.gen(*self.args, previous=previous,
+                                                  feedback=feedback, **self.kwargs),
+                        self._deadline())
                 _no_awaitable(node, st.label, out)
             except BaseException as e:
                 finish(error=_error_text(e))
@@ -1685,7 +1688,8 @@ class _Loop:
         limit, why = self._validator_limit(val)
         t0 = time.monotonic()
         try:
-            res = await asyncio.wait_for(val.fn(cand, *self.args, **self.kwargs), limit)
+            res = await asyncio.wait_for(_aio.restarting(
+                self.rt, lambda: val.fn(cand, *self.args, **self.kwargs)), limit)
         except asyncio.TimeoutError:
             out = [UNKNOWN("*", why)]
         except asyncio.CancelledError:
@@ -1701,7 +1705,8 @@ class _Loop:
         try:
             res = val.fn(cand, *self.args, **self.kwargs)
             if val.is_async and inspect.iscoroutine(res):
-                res = _aio.drive_call(self.rt, res)   # sync code: this thread's loop
+                res = _aio.drive_call(   # sync code: this thread's loop
+                    self.rt, res, lambda: val.fn(cand, *self.args, **self.kwargs))
         except BaseException as e:
             out = self._verdicts(val, None, e)
         else:

@@ -892,3 +892,70 @@ def test_sync_call_of_an_async_cell_whose_first_step_needs_async_work_of_a_sync_
         assert c() == 7
         assert calls["a"] == 2
     rt._check()
+
+
+@pytest.mark.parametrize("how", ["sync", "await"])
+@pytest.mark.parametrize("where", ["generator", "validator"])
+def test_sync_call_of_an_async_llm_node_whose_call_reads_a_sync_cell_needing_async_work(
+        where, how):
+    """Found by the machine at 200 examples (seed 4, after the fix above): a sync demand of an
+    async LLM node whose async generator (or async validator) reads, with a plain call, a
+    sync cell that needs async work raised ``IncrError: ... sync code running inside an event
+    loop``; ``await b()`` gives the value. The call runs on this thread's own loop
+    (``_aio.drive_call``), where the sync cell unwinds for the work as in async code; the
+    call is now that unwinding's restart point: the work is done, the call made again.
+    Under ``await`` the async validator's call made ``a``'s model call twice on a cold run
+    (the unwinding was kept as the call's outcome and replayed by ``b``'s loop after ``a``
+    had been computed); the call (``_aio.Call``) is now a restart point too."""
+    rt = incr.Runtime(max_workers=1)
+    x = rt.input("x", 1)
+    calls = Counter()
+
+    @incr.llm(version="a")
+    async def a(*, previous=None, feedback=()):
+        v = x.get()
+        calls["a"] += 1
+        await asyncio.sleep(0)
+        return v
+
+    @incr.cell
+    def s():
+        return a() + 1
+
+    async def read_s():
+        return s()
+
+    @incr.validator(version="1")
+    async def check(cand):
+        want = await read_s() + 1
+        calls["check"] += 1
+        return incr.ACK("ok") if cand == want else incr.NACK("ok", counterexample=want)
+
+    if where == "generator":
+        @incr.llm(version="b")
+        async def b(*, previous=None, feedback=()):
+            v = await read_s() + 1
+            calls["b"] += 1
+            return v
+    else:
+        @incr.llm(version="b", validators=[check])
+        async def b(*, previous=None, feedback=()):
+            calls["b"] += 1
+            return x.get() + 2
+
+    async def both():
+        assert await b() == 3
+        x.set(4)
+        assert await b() == 6
+
+    with rt:
+        if how == "await":
+            asyncio.run(both())
+        else:
+            assert b() == 3
+            x.set(4)
+            assert b() == 6
+    # the second run re-validates the old candidate first (NACKed), then the new one
+    assert calls == ({"a": 2, "b": 2} if where == "generator" else
+                     {"a": 2, "b": 2, "check": 3}), calls
+    rt._check()
