@@ -444,16 +444,14 @@ def call(rt, n):
 
 def in_task(rt, n, tf):
     """A sync cell called in a task that an async cell's run spawned itself: demanded as that
-    run's read (on a copy of its stack); if it has to wait for async work, IncrError."""
+    run's read (on a copy of its stack). If it has to wait for async work, the unwinding
+    (``_Suspend``) ends the task and reaches the run's body where it awaits the task (an
+    ``asyncio.gather``, say): the run is the restart point, as for a read in its own step."""
     frames = list(tf)
     saved = rt._frames_swap(frames)
     rt.catching += 1
     try:
         return rt._demand(n)
-    except _Suspend as s:
-        abandon(rt, s.works)
-        raise IncrError(f"incr: {n.label_text} needs async work, and it is called from sync "
-                        f"code in a task: `await {n.cell.__name__}.aget(...)` instead") from None
     finally:
         rt.catching -= 1
         rt._frames_swap(saved)

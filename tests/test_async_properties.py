@@ -959,3 +959,52 @@ def test_sync_call_of_an_async_llm_node_whose_call_reads_a_sync_cell_needing_asy
     assert calls == ({"a": 2, "b": 2} if where == "generator" else
                      {"a": 2, "b": 2, "check": 3}), calls
     rt._check()
+
+
+def test_sync_cell_needing_async_work_called_in_a_child_task_of_an_async_cell():
+    """Found by the machine at 200 examples (seed 4): an async cell that reads a sync cell
+    with a plain call in a coroutine it runs under ``asyncio.gather`` (a task of its own)
+    raised ``IncrError: ... called from sync code in a task`` when the sync cell needed async
+    work (an async LLM node's call); a sync ``c()`` gave the value. The unwinding now ends
+    the child task and reaches the async cell's body through the gather; the body's run is
+    the restart point (it runs again once the work is done)."""
+    for how in ("sync", "await"):
+        rt = incr.Runtime(max_workers=1)
+        x = rt.input("x", 1)
+        calls = Counter()
+
+        @incr.llm(version="a")
+        async def a(*, previous=None, feedback=()):
+            v = x.get()
+            calls["a"] += 1
+            await asyncio.sleep(0)
+            return v
+
+        @incr.cell
+        def s():
+            return a() + 1
+
+        async def plain():
+            return s()
+
+        @incr.cell
+        async def c():
+            got = await asyncio.gather(plain(), return_exceptions=True)
+            if isinstance(got[0], BaseException):
+                raise got[0]
+            return got[0] + 1
+
+        async def both():
+            assert await c() == 3
+            x.set(4)
+            assert await c() == 6
+
+        with rt:
+            if how == "await":
+                asyncio.run(both())
+            else:
+                assert c() == 3
+                x.set(4)
+                assert c() == 6
+        assert calls == {"a": 2}, (how, calls)
+        rt._check()
