@@ -563,9 +563,15 @@ async def do_works(rt, works: list, chain: list) -> None:
         seen.add(w.key)
         fut = rt.inflight.get(w.key)
         if fut is None:
+            if isinstance(w, Resume) and w.settled:
+                continue             # taken and finished by another restart point
             if isinstance(w, Wait):
                 if w.key not in rt.inflight:
                     continue         # it finished meanwhile: the step sees its result
+                # a run that unwound to a restart point not reached yet (a pass goes on
+                # to its next observed instance first): whoever needs it first goes on with it
+                w = _unwound(rt, w.key)
+            if isinstance(w, Wait):
                 raise IncrError(f"incr: {w.inst.label_text} is in flight with nobody to "
                                 f"finish it (an internal error; please report it)")
             fut = loop.create_future()
@@ -611,6 +617,16 @@ async def do_works(rt, works: list, chain: list) -> None:
                     # its last waiter is gone (cancelled): the work is cancelled too, and
                     # records nothing
                     entry[0].cancel()
+
+
+def _unwound(rt, key):
+    """The started run of ``key`` waiting in ``rt.unwinding`` for a restart point, taken out
+    of it (a Wait for ``key`` if there is none)."""
+    for i, u in enumerate(rt.unwinding):
+        if isinstance(u, Resume) and u.key is key:
+            del rt.unwinding[i]
+            return u
+    return Wait(key)
 
 
 async def _perform(rt, w, fut) -> None:

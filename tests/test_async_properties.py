@@ -1008,3 +1008,45 @@ def test_sync_cell_needing_async_work_called_in_a_child_task_of_an_async_cell():
                 assert c() == 6
         assert calls == {"a": 2}, (how, calls)
         rt._check()
+
+
+@pytest.mark.parametrize("how", ["astabilize", "stabilize"])
+def test_an_observed_async_cell_reading_one_a_pass_suspended_first(how):
+    """Found by the machine at 200 examples (seed 1): two observed async cells, ``n3`` reading
+    ``n1``, and ``n1`` awaiting an async LLM node. The pass runs ``n1``'s first step, which
+    waits (the model call) and unwinds to the pass's restart point; the pass goes on to
+    ``n3``, whose first step awaits ``n1``, already in flight: ``IncrError: n1() is in
+    flight with nobody to finish it (an internal error)``. The serial run gives the values.
+    Whoever needs a run that unwound first now goes on with it (single flight)."""
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", 0)
+    calls = Counter()
+
+    @incr.llm(version="a")
+    async def n0(*, previous=None, feedback=()):
+        v = x.get()
+        calls["n0"] += 1
+        await asyncio.sleep(0)
+        return v
+
+    @incr.cell
+    async def n1():
+        calls["n1"] += 1
+        return x.get() + await n0() + 1
+
+    @incr.cell
+    async def n3():
+        calls["n3"] += 1
+        return await n1() + 1
+
+    o1, o3 = rt.observe(n1), rt.observe(n3)
+    if how == "astabilize":
+        async def main():
+            return await rt.astabilize()
+        asyncio.run(main())
+    else:
+        rt.stabilize()
+    assert (o1.error, o3.error) == (None, None)
+    assert (o1.value, o3.value) == (1, 2)
+    assert calls["n0"] == 1, calls
+    rt._check()
