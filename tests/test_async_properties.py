@@ -484,8 +484,16 @@ class AsyncVsSerial(RuleBasedStateMachine):
         if rep_c is not None and rep_s is not None and not (self.conc.ahead or
                                                             self.serial.ahead):
             # (an incr.gather that raised in this pass: what else it ran differs, _catch_up)
-            self._same(f"{what}: recomputed", sorted(rep_c.recomputed), sorted(rep_s.recomputed))
-            self._same(f"{what}: cut off", sorted(rep_c.cutoff), sorted(rep_s.cutoff))
+            if not self.cancelled_once:
+                self._same(f"{what}: recomputed", sorted(rep_c.recomputed),
+                           sorted(rep_s.recomputed))
+                self._same(f"{what}: cut off", sorted(rep_c.cutoff), sorted(rep_s.cutoff))
+            else:
+                # the runs a cancelled pass finished are kept: (1) may have less to do
+                # than (2), never more
+                extra = Counter(rep_c.recomputed) - Counter(rep_s.recomputed)
+                assert not extra, (f"{what}: recomputed {sorted(rep_c.recomputed)} by (1), "
+                                   f"only {sorted(rep_s.recomputed)} by (2)")
         if self.clean:
             # nothing changed since a stabilize that left everything up to date
             for rep, calls in ((rep_c, calls_c), (rep_s, calls_s)):
