@@ -1236,8 +1236,11 @@ class _Loop:
                 continue
             except BaseException as e:  # KeyboardInterrupt, SystemExit: as an error
                 self.cut_short = True
-                if not self.began:
-                    # interrupted before the model was called (in a cooldown wait): no call
+                if not self.began or isinstance(e, _Deferred):
+                    # interrupted before the model was called (in a cooldown wait): no call;
+                    # or the generator unwound at a read that needs work first (_Suspend,
+                    # _Deferred): it is called again once that is done, as one attempt --
+                    # as in a serial run, where the read waits in place
                     st.spent_attempts -= 1
                     self.book.generations -= 1
                 raise

@@ -1089,3 +1089,48 @@ def test_an_observed_async_cell_reading_one_a_pass_suspended_first(how):
     assert (o1.value, o3.value) == (1, 2)
     assert calls["n0"] == 1, calls
     rt._check()
+
+
+def test_a_sync_generator_unwound_at_a_read_spends_no_attempt():
+    """Found by the machine at 200 examples (seed 4): a sync LLM node whose generator reads an
+    async LLM node, demanded with ``await n5.aget()``, ended ``NotAccepted("budget")`` after
+    two generator calls ("after 3 attempts"), where ``n5()`` from sync code ends
+    ``NotAccepted("oscillation")`` after three. Inside a running loop the generator unwinds
+    at its read (the async node must be computed first) and is called again: the unwound
+    call was counted as an attempt of the budget. It is not one (the read waits in place in
+    a serial run)."""
+    outcomes = {}
+    for how in ("sync", "await"):
+        rt = incr.Runtime(max_workers=1)
+        x = rt.input("x", 2)
+        calls = Counter()
+
+        @incr.llm(version="a")
+        async def a(*, previous=None, feedback=()):
+            v = x.get()
+            await asyncio.sleep(0)
+            return v
+
+        @incr.validator(version="1")
+        def check(cand):
+            return incr.NACK("right", counterexample=("want", a()))
+
+        @incr.llm(version="b", validators=[check], budget=incr.Budget(max_attempts=3))
+        def b(*, previous=None, feedback=()):
+            t = a()
+            calls["b"] += 1
+            return 5000 + 10 * len(feedback) + t
+
+        with rt:
+            try:
+                if how == "await":
+                    async def main():
+                        return await b.aget()
+                    asyncio.run(main())
+                else:
+                    b()
+            except NotAccepted as e:
+                outcomes[how] = (e.reason, calls["b"], len(rt.state(b).attempts))
+        rt._check()
+    assert outcomes["await"] == outcomes["sync"], outcomes
+    assert outcomes["sync"][1] == 3, outcomes
