@@ -1134,3 +1134,44 @@ def test_a_sync_generator_unwound_at_a_read_spends_no_attempt():
         rt._check()
     assert outcomes["await"] == outcomes["sync"], outcomes
     assert outcomes["sync"][1] == 3, outcomes
+
+
+def test_a_model_call_finished_for_one_waiter_is_not_made_again_for_another():
+    """Found by the machine at 200 examples (seed 5): ``asyncio.gather(n0.aget(),
+    n3.aget())``, where the async cell ``n3`` reads ``n0`` through a sync cell in a child
+    task, made ``n0``'s model call twice. The second waiter asked for the call after the
+    first call had finished but before the first waiter had taken its outcome: nothing was
+    in flight any more, so the call was made again. An outcome waiting to be taken is now
+    the call done (single flight)."""
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", 0)
+    calls = Counter()
+
+    @incr.llm(version="a")
+    async def n0(*, previous=None, feedback=()):
+        v = x.get()
+        calls["n0"] += 1
+        await asyncio.sleep(0)
+        return v
+
+    @incr.cell
+    def n2():
+        return x.get() + n0()
+
+    async def plain():
+        return n2()
+
+    @incr.cell
+    async def n3():
+        got = await asyncio.gather(plain(), return_exceptions=True)
+        if isinstance(got[0], BaseException):
+            raise got[0]
+        return got[0] + 1
+
+    async def main():
+        with rt:
+            return await asyncio.gather(n0.aget(), n3.aget())
+
+    assert asyncio.run(main()) == [0, 1]
+    assert calls == {"n0": 1}, calls
+    rt._check()
