@@ -1175,3 +1175,43 @@ def test_a_model_call_finished_for_one_waiter_is_not_made_again_for_another():
     assert asyncio.run(main()) == [0, 1]
     assert calls == {"n0": 1}, calls
     rt._check()
+
+
+def test_an_observer_error_is_cleared_by_a_pass_that_stopped_for_async_work():
+    """Found by the machine at 200 examples (seed 6): an observed sync cell failed (Boom) in
+    one ``astabilize()``; its input changed back, and the next ``astabilize()`` -- whose
+    first pass stopped for async work of another observed instance -- recomputed it
+    successfully, yet ``Observer.error`` still held the old Boom (for good: later passes
+    found it up to date). The pass that stops hands the callbacks of what it brought up to
+    date to the next pass (``owe``); the observer's error is now cleared there too."""
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", 1)
+    y = rt.input("y", 0)
+
+    @incr.cell
+    def n1():
+        if x.get() == 1:
+            raise Boom("n1")
+        return x.get()
+
+    @incr.cell
+    def n0():
+        return y.get()
+
+    @incr.cell
+    async def n6():
+        return (await asyncio.gather(n0.aget()))[0]
+
+    async def stab():
+        await rt.astabilize()
+
+    o1 = rt.observe(n1)
+    with pytest.raises(Boom):
+        asyncio.run(stab())
+    assert isinstance(o1.error, Boom)
+    o6 = rt.observe(n6)
+    x.set(0)
+    asyncio.run(stab())
+    assert (o1.error, o6.error) == (None, None)
+    assert (o1.value, o6.value) == (0, 0)
+    rt._check()
