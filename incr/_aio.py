@@ -565,9 +565,11 @@ async def do_works(rt, works: list, chain: list) -> None:
         if fut is None:
             if isinstance(w, Resume) and w.settled:
                 continue             # taken and finished by another restart point
-            if isinstance(w, Call) and w.skey in w.sink:
-                continue             # made for another waiter, which has not taken it yet:
-                                     # whichever step runs first takes it (single flight)
+            if isinstance(w, Call) and (w.skey in w.sink or rt._has(w.inst)):
+                # made for another waiter, which has not taken it yet (whichever step runs
+                # first takes it: single flight), or no longer needed: its node was
+                # brought up to date meanwhile, by another waiter's step
+                continue
             if isinstance(w, Wait):
                 if w.key not in rt.inflight:
                     continue         # it finished meanwhile: the step sees its result

@@ -1136,13 +1136,16 @@ def test_a_sync_generator_unwound_at_a_read_spends_no_attempt():
     assert outcomes["sync"][1] == 3, outcomes
 
 
-def test_a_model_call_finished_for_one_waiter_is_not_made_again_for_another():
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_model_call_finished_for_one_waiter_is_not_made_again_for_another(direct):
     """Found by the machine at 200 examples (seed 5): ``asyncio.gather(n0.aget(),
     n3.aget())``, where the async cell ``n3`` reads ``n0`` through a sync cell in a child
     task, made ``n0``'s model call twice. The second waiter asked for the call after the
     first call had finished but before the first waiter had taken its outcome: nothing was
     in flight any more, so the call was made again. An outcome waiting to be taken is now
-    the call done (single flight)."""
+    the call done (single flight). With ``direct``, ``n3`` also awaits ``n0`` in the same
+    gather (seed 5 again): the outcome had been taken and ``n0`` was up to date when the
+    third waiter asked; a call for a node that is up to date is not made either."""
     rt = incr.Runtime(max_workers=4)
     x = rt.input("x", 0)
     calls = Counter()
@@ -1163,10 +1166,12 @@ def test_a_model_call_finished_for_one_waiter_is_not_made_again_for_another():
 
     @incr.cell
     async def n3():
-        got = await asyncio.gather(plain(), return_exceptions=True)
-        if isinstance(got[0], BaseException):
-            raise got[0]
-        return got[0] + 1
+        got = await asyncio.gather(*([n0()] if direct else []), plain(),
+                                   return_exceptions=True)
+        for g in got:
+            if isinstance(g, BaseException):
+                raise g
+        return sum(got) + 1
 
     async def main():
         with rt:
