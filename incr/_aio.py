@@ -41,6 +41,9 @@ from incr import _core
 from incr.errors import CycleError, IncrError, _OutOfTime, _Suspend
 
 _tl = threading.local()
+_get_running_loop = asyncio._get_running_loop   # (C functions, bound once: run_sync is hot)
+_set_running_loop = asyncio._set_running_loop
+_TASK_FRAMES = _core._task_frames_var()         # the contextvar of a task's frames
 _pseudo: set = set()  # frames of async generator and validator calls in flight
 _op_loops: dict = {}  # loop -> incr async operations (astabilize, awaits) running on it
 
@@ -301,14 +304,15 @@ def run_sync(rt, n) -> bool:
     change is propagated). If it has to wait, it goes on with a stack of its own: as a task
     of the running loop (the caller unwinds to the nearest restart point, which waits for
     it), or, in sync code, on this thread's loop."""
-    running = asyncio._get_running_loop()
+    running = _get_running_loop()
     if running is None:
         # sync code: the step runs as if on this thread's own loop (what it creates -- a
         # gather, a task, a future -- belongs to the loop that drive() then runs)
-        asyncio._set_running_loop(_own_loop())
+        own = getattr(_tl, "loop", None)
+        _set_running_loop(own if own is not None and not own._closed else _own_loop())
     f, had, invalid, start = rt._run_start(n)
     frames = list(rt._frames())         # the caller's stack, then n's frame: n's own stack if
-    tf = _core._task_frames_var()       # it goes on as a task, and where the tasks it
+    tf = _TASK_FRAMES                   # it goes on as a task, and where the tasks it
     token = tf.set(frames)              # spawns in this step record their reads
     try:
         coro = rt._invoke(n)
@@ -330,7 +334,7 @@ def run_sync(rt, n) -> bool:
     finally:
         tf.reset(token)
         if running is None:
-            asyncio._set_running_loop(None)
+            _set_running_loop(None)
     if suspended is not None:
         # sync code: nothing above waits for the work, so it is done here, on this thread's
         # loop, and the body runs again (as a restart point would)
@@ -429,7 +433,7 @@ def call(rt, n):
         node, _reads = rt._frame_info(top)
         if node.cell.is_async or top in _pseudo:
             return _ademand(rt, n, tuple(frames))       # in an async cell's body or call
-        loop = asyncio._get_running_loop()
+        loop = _get_running_loop()
         if loop is not None and loop is not getattr(_tl, "loop", None) and \
                 loop not in _op_loops:
             # a loop the sync cell started itself (asyncio.run inside it): async code
