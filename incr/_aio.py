@@ -439,10 +439,12 @@ def call(rt, n):
             # a loop the sync cell started itself (asyncio.run inside it): async code
             return _ademand(rt, n, tuple(frames))
     elif loop_running():
-        tf = _core._task_frames_var().get()
+        tf = _TASK_FRAMES.get()
         if tf:
             return _ademand(rt, n, tuple(tf))            # a task an async run spawned
-        return _ademand(rt, n, ())                       # top-level async code
+        if _get_running_loop() is not getattr(_tl, "loop", None):
+            return _ademand(rt, n, ())                   # top-level async code
+        # else sync code that incr runs on this thread's loop (a top-level incr.gather)
     return rt._demand(n)
 
 
@@ -517,6 +519,27 @@ def _op_exit(rt) -> None:
     _op_ended()
     rt._keep_failed(-1)
     rt._leave()
+
+
+async def gather_top(rt, thunks):
+    """A top-level ``incr.gather(*thunks)`` from sync code: made on this thread's loop, so that
+    the async work of all the thunks (async generators and validators, async cells) is done
+    concurrently, then the gather again (as ``astabilize`` does with a pass)."""
+    _op_enter(rt)
+    token = _core._active_var().set(rt)
+    try:
+        while True:
+            rt.catching += 1
+            try:
+                return _core.gather(*thunks)
+            except _Suspend as s:
+                works = s.works
+            finally:
+                rt.catching -= 1
+            await do_works(rt, works, [])
+    finally:
+        _core._active_var().reset(token)
+        _op_exit(rt)
 
 
 async def astabilize(rt):

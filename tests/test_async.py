@@ -504,3 +504,38 @@ def test_a_sync_generator_run_ahead_in_astabilize_leaves_the_loop_running():
     asyncio.run(main())
     assert [o.value for o in obs] == [0, 1]
     rt._check()
+
+
+def test_a_top_level_incr_gather_runs_async_generators_concurrently():
+    """``incr.gather(...)`` from sync code (no cell, no loop running) of async LLM nodes made
+    their calls one after the other (each on incr's loop, to completion); it now makes them
+    concurrently, as tasks of one loop. Proven with a gate that only opens when all N calls
+    wait on it at once (a serial run fails at the gate's timeout). Async cells and sync cells
+    among the thunks get their values too, in order."""
+    n = 3
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", 10)
+    gate = _Gate(n)
+    calls = []
+
+    @incr.llm(version="1")
+    async def a(k, *, previous=None, feedback=()):
+        calls.append(k)
+        await gate.wait()
+        return k
+
+    @incr.cell
+    async def c():
+        return x.get() + 1
+
+    @incr.cell
+    def s():
+        return x.get() + 2
+
+    with rt:
+        got = incr.gather(*[(lambda k=k: a(k)) for k in range(n)], lambda: c(), lambda: s())
+        assert got == [0, 1, 2, 11, 12]
+        assert sorted(calls) == [0, 1, 2]
+        assert incr.gather(lambda: a(1), lambda: c()) == [1, 11]   # up to date: no call
+        assert sorted(calls) == [0, 1, 2]
+    rt._check()
