@@ -179,7 +179,9 @@ class Call:
         finally:
             _pseudo.discard(f)
         _node, reads = rt._frame_info(f)
-        self.sink[self.skey] = (out, [(d, d._changed_at) for d in reads],
+        # (a read of its own node -- a cycle, met in the call as CycleError -- is no
+        # dependency: replaying it in the node's run would raise the cycle again there)
+        self.sink[self.skey] = (out, [(d, d._changed_at) for d in reads if d is not self.inst],
                                 time.monotonic() - t0)
 
 
@@ -614,6 +616,11 @@ async def do_works(rt, works: list, chain: list) -> None:
             task.add_done_callback(functools.partial(_finished, rt, w, fut))
             _work[fut] = [task, 0]
         else:
+            if _performing.get(asyncio.current_task()) == w.key:
+                # the work waits for itself (a validator that reads its own node, say): a
+                # cycle, not a deadlock
+                label = getattr(w.inst, "label_text", str(w.key))
+                raise CycleError([label, label])
             if fut.get_loop() is not loop:
                 raise IncrError(f"incr: {getattr(w.key, 'label_text', w.key)} is being "
                                 f"computed on another event loop; a runtime's async work runs "
@@ -661,7 +668,12 @@ def _unwound(rt, key):
     return Wait(key)
 
 
+_performing: dict = {}   # task -> the key of the work it performs
+
+
 async def _perform(rt, w, fut) -> None:
+    task = asyncio.current_task()
+    _performing[task] = w.key
     try:
         if isinstance(w, Call) and rt.max_concurrency is not None:
             # model calls (never nested: a call waits for no other work) are limited
@@ -680,6 +692,7 @@ async def _perform(rt, w, fut) -> None:
         if not isinstance(e, Exception):
             raise
     finally:
+        _performing.pop(task, None)
         _finished(rt, w, fut)
 
 

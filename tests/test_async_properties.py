@@ -1214,3 +1214,34 @@ def test_an_observer_error_is_cleared_by_a_pass_that_stopped_for_async_work():
     assert (o1.error, o6.error) == (None, None)
     assert (o1.value, o6.value) == (0, 0)
     rt._check()
+
+
+def test_an_async_validator_that_reads_its_own_node_is_a_cycle_not_a_deadlock():
+    """Found while fixing the above: an async validator that awaits its own node hung for ever
+    under ``await b()`` (the validator's call waited for itself); ``b()`` from sync code ends
+    ``NotAccepted("unknown")`` (the validator raised CycleError, which is UNKNOWN). Both now
+    end the same way; the wait is bounded so that a regression fails instead of hanging."""
+    outcomes = {}
+    for how in ("sync", "await"):
+        rt = incr.Runtime(max_workers=1)
+
+        @incr.validator(version="1")
+        async def check(cand):
+            await b.aget()
+            return incr.ACK("ok")
+
+        @incr.llm(version="b", validators=[check])
+        async def b(*, previous=None, feedback=()):
+            await asyncio.sleep(0)
+            return 3
+
+        async def main():
+            return await asyncio.wait_for(b(), 10)
+
+        with rt:
+            try:
+                asyncio.run(main()) if how == "await" else b()
+            except NotAccepted as e:
+                outcomes[how] = e.reason
+        rt._check()
+    assert outcomes == {"sync": "unknown", "await": "unknown"}, outcomes
