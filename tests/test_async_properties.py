@@ -677,8 +677,10 @@ TestAsyncVsSerial = AsyncVsSerial.TestCase
 # Each fails on the commit it was written against (d56be9a; those from
 # test_sync_call_of_an_async_cell_whose_first_step_needs_async_work_of_a_sync_read on: f9c5035);
 # the machine above exercises the same paths by default (INCR_ASYNC_IGNORE turns some off to
-# look for other bugs). With them fixed the machine passes at 200 examples for seeds 1-12
-# (INCR_PROPERTY_EXAMPLES=200 ... --hypothesis-seed=N) and at 400 for seeds 20-23.
+# look for other bugs). With them fixed the machine passes at 200 examples for seeds 1-12 and
+# 30-35 but 32 (INCR_PROPERTY_EXAMPLES=200 ... --hypothesis-seed=N), and at 400 for seeds 20-23.
+# Seed 32 finds a halt bug that is not async (sync demands show it too): the open test
+# test_an_llm_node_demanded_while_halted_is_recomputed_after_resume below.
 
 
 def test_await_of_an_async_node_inside_an_async_generator():
