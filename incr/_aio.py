@@ -41,6 +41,9 @@ from incr import _core
 from incr.errors import CycleError, IncrError, _OutOfTime, _Suspend
 
 _tl = threading.local()
+_get_running_loop = asyncio._get_running_loop   # (C functions, bound once: run_sync is hot)
+_set_running_loop = asyncio._set_running_loop
+_TASK_FRAMES = _core._task_frames_var()         # the contextvar of a task's frames
 _pseudo: set = set()  # frames of async generator and validator calls in flight
 _op_loops: dict = {}  # loop -> incr async operations (astabilize, awaits) running on it
 
@@ -89,18 +92,30 @@ def drive(coro) -> Any:
         raise
 
 
-def drive_call(rt, coro) -> Any:
+def drive_call(rt, coro, again, deadline=None) -> Any:
     """An async generator's or validator's call from sync code, on this thread's loop: inside
-    it, cells are awaited (async code), so the running frame counts as an async one."""
+    it, cells are awaited (async code), so the running frame counts as an async one.
+
+    A sync step inside the call (a plain call of a sync cell that needs async work) may
+    unwind it (``_Suspend``): this is its restart point. The work is done on the same loop
+    and the call is made again (``again()``: a new coroutine), as the nearest await of incr
+    does in async code. ``deadline``: as for ``before``."""
     frames = rt._frames()
     top = frames[-1] if frames else None
-    if top is None or top in _pseudo:
-        return drive(coro)
-    _pseudo.add(top)
+    mine = top is not None and top not in _pseudo
+    if mine:
+        _pseudo.add(top)
     try:
-        return drive(coro)
+        while True:
+            try:
+                return drive(before(coro, deadline))
+            except _Suspend as s:
+                chain = [rt._frame_info(f)[0] for f in rt._frames()]
+                drive(do_works(rt, s.works, chain))
+            coro = again()
     finally:
-        _pseudo.discard(top)
+        if mine:
+            _pseudo.discard(top)
 
 
 # -- work a sync step can ask for ----------------------------------------------------------
@@ -164,8 +179,24 @@ class Call:
         finally:
             _pseudo.discard(f)
         _node, reads = rt._frame_info(f)
-        self.sink[self.skey] = (out, [(d, d._changed_at) for d in reads],
+        # (a read of its own node -- a cycle, met in the call as CycleError -- is no
+        # dependency: replaying it in the node's run would raise the cycle again there)
+        self.sink[self.skey] = (out, [(d, d._changed_at) for d in reads if d is not self.inst],
                                 time.monotonic() - t0)
+
+
+async def restarting(rt, make):
+    """Await ``make()`` -- an async generator's or validator's call, in the step of its
+    ``Call`` -- as a restart point: a sync step inside it (a plain call of a sync cell) that
+    unwinds for async work has that work done, and the call is made again. (Handing the
+    unwinding back to the node's loop instead would keep work that may be done by someone
+    else meanwhile, and do it twice.)"""
+    while True:
+        try:
+            return await make()
+        except _Suspend as s:
+            works = s.works
+        await do_works(rt, works, [rt._frame_info(f)[0] for f in rt._frames()])
 
 
 async def before(aw, deadline):
@@ -275,14 +306,15 @@ def run_sync(rt, n) -> bool:
     change is propagated). If it has to wait, it goes on with a stack of its own: as a task
     of the running loop (the caller unwinds to the nearest restart point, which waits for
     it), or, in sync code, on this thread's loop."""
-    running = asyncio._get_running_loop()
+    running = _get_running_loop()
     if running is None:
         # sync code: the step runs as if on this thread's own loop (what it creates -- a
         # gather, a task, a future -- belongs to the loop that drive() then runs)
-        asyncio._set_running_loop(_own_loop())
+        own = getattr(_tl, "loop", None)
+        _set_running_loop(own if own is not None and not own._closed else _own_loop())
     f, had, invalid, start = rt._run_start(n)
     frames = list(rt._frames())         # the caller's stack, then n's frame: n's own stack if
-    tf = _core._task_frames_var()       # it goes on as a task, and where the tasks it
+    tf = _TASK_FRAMES                   # it goes on as a task, and where the tasks it
     token = tf.set(frames)              # spawns in this step record their reads
     try:
         coro = rt._invoke(n)
@@ -290,13 +322,27 @@ def run_sync(rt, n) -> bool:
     except StopIteration as s:
         rt._run_finish(n, f, had, s.value, start)
         return True
+    except _Suspend as s:
+        # a sync step inside the body (a sync cell it called, say) unwound for async work
+        rt._run_failed(n, f, had, invalid, s)
+        if running is not None:
+            raise                       # async code: the nearest restart point does it
+        suspended = s
     except BaseException as e:
         rt._run_failed(n, f, had, invalid, e)
         raise
+    else:
+        suspended = None
     finally:
         tf.reset(token)
         if running is None:
-            asyncio._set_running_loop(None)
+            _set_running_loop(None)
+    if suspended is not None:
+        # sync code: nothing above waits for the work, so it is done here, on this thread's
+        # loop, and the body runs again (as a restart point would)
+        parent = tuple(rt._frames())
+        drive(_redo(rt, n, suspended.works, parent))
+        return True
     rt._frames().pop()                  # n's frame leaves the caller's stack
     work = Resume(n, coro, y, frames, f, had, invalid, start)
     if loop_running():
@@ -305,6 +351,12 @@ def run_sync(rt, n) -> bool:
         raise _Suspend([work])
     drive(work.go(rt))
     return True
+
+
+async def _redo(rt, n, works: list, parent: tuple) -> None:
+    """Do ``works`` (what a first step of ``n`` unwound for), then run ``n`` again."""
+    await do_works(rt, works, [rt._frame_info(f)[0] for f in parent] + [n])
+    await arun(rt, n, parent)
 
 
 class Resume:
@@ -383,31 +435,31 @@ def call(rt, n):
         node, _reads = rt._frame_info(top)
         if node.cell.is_async or top in _pseudo:
             return _ademand(rt, n, tuple(frames))       # in an async cell's body or call
-        loop = asyncio._get_running_loop()
+        loop = _get_running_loop()
         if loop is not None and loop is not getattr(_tl, "loop", None) and \
                 loop not in _op_loops:
             # a loop the sync cell started itself (asyncio.run inside it): async code
             return _ademand(rt, n, tuple(frames))
     elif loop_running():
-        tf = _core._task_frames_var().get()
+        tf = _TASK_FRAMES.get()
         if tf:
             return _ademand(rt, n, tuple(tf))            # a task an async run spawned
-        return _ademand(rt, n, ())                       # top-level async code
+        if _get_running_loop() is not getattr(_tl, "loop", None):
+            return _ademand(rt, n, ())                   # top-level async code
+        # else sync code that incr runs on this thread's loop (a top-level incr.gather)
     return rt._demand(n)
 
 
 def in_task(rt, n, tf):
     """A sync cell called in a task that an async cell's run spawned itself: demanded as that
-    run's read (on a copy of its stack); if it has to wait for async work, IncrError."""
+    run's read (on a copy of its stack). If it has to wait for async work, the unwinding
+    (``_Suspend``) ends the task and reaches the run's body where it awaits the task (an
+    ``asyncio.gather``, say): the run is the restart point, as for a read in its own step."""
     frames = list(tf)
     saved = rt._frames_swap(frames)
     rt.catching += 1
     try:
         return rt._demand(n)
-    except _Suspend as s:
-        abandon(rt, s.works)
-        raise IncrError(f"incr: {n.label_text} needs async work, and it is called from sync "
-                        f"code in a task: `await {n.cell.__name__}.aget(...)` instead") from None
     finally:
         rt.catching -= 1
         rt._frames_swap(saved)
@@ -471,6 +523,27 @@ def _op_exit(rt) -> None:
     rt._leave()
 
 
+async def gather_top(rt, thunks):
+    """A top-level ``incr.gather(*thunks)`` from sync code: made on this thread's loop, so that
+    the async work of all the thunks (async generators and validators, async cells) is done
+    concurrently, then the gather again (as ``astabilize`` does with a pass)."""
+    _op_enter(rt)
+    token = _core._active_var().set(rt)
+    try:
+        while True:
+            rt.catching += 1
+            try:
+                return _core.gather(*thunks)
+            except _Suspend as s:
+                works = s.works
+            finally:
+                rt.catching -= 1
+            await do_works(rt, works, [])
+    finally:
+        _core._active_var().reset(token)
+        _op_exit(rt)
+
+
 async def astabilize(rt):
     """``await rt.astabilize()``: ``rt.stabilize()`` for async code. The async work of every
     observed instance runs concurrently; callbacks run once, when everything is up to date."""
@@ -519,9 +592,20 @@ async def do_works(rt, works: list, chain: list) -> None:
         seen.add(w.key)
         fut = rt.inflight.get(w.key)
         if fut is None:
+            if isinstance(w, Resume) and w.settled:
+                continue             # taken and finished by another restart point
+            if isinstance(w, Call) and (w.skey in w.sink or rt._has(w.inst)):
+                # made for another waiter, which has not taken it yet (whichever step runs
+                # first takes it: single flight), or no longer needed: its node was
+                # brought up to date meanwhile, by another waiter's step
+                continue
             if isinstance(w, Wait):
                 if w.key not in rt.inflight:
                     continue         # it finished meanwhile: the step sees its result
+                # a run that unwound to a restart point not reached yet (a pass goes on
+                # to its next observed instance first): whoever needs it first goes on with it
+                w = _unwound(rt, w.key)
+            if isinstance(w, Wait):
                 raise IncrError(f"incr: {w.inst.label_text} is in flight with nobody to "
                                 f"finish it (an internal error; please report it)")
             fut = loop.create_future()
@@ -532,6 +616,11 @@ async def do_works(rt, works: list, chain: list) -> None:
             task.add_done_callback(functools.partial(_finished, rt, w, fut))
             _work[fut] = [task, 0]
         else:
+            if _performing.get(asyncio.current_task()) == w.key:
+                # the work waits for itself (a validator that reads its own node, say): a
+                # cycle, not a deadlock
+                label = getattr(w.inst, "label_text", str(w.key))
+                raise CycleError([label, label])
             if fut.get_loop() is not loop:
                 raise IncrError(f"incr: {getattr(w.key, 'label_text', w.key)} is being "
                                 f"computed on another event loop; a runtime's async work runs "
@@ -569,7 +658,22 @@ async def do_works(rt, works: list, chain: list) -> None:
                     entry[0].cancel()
 
 
+def _unwound(rt, key):
+    """The started run of ``key`` waiting in ``rt.unwinding`` for a restart point, taken out
+    of it (a Wait for ``key`` if there is none)."""
+    for i, u in enumerate(rt.unwinding):
+        if isinstance(u, Resume) and u.key is key:
+            del rt.unwinding[i]
+            return u
+    return Wait(key)
+
+
+_performing: dict = {}   # task -> the key of the work it performs
+
+
 async def _perform(rt, w, fut) -> None:
+    task = asyncio.current_task()
+    _performing[task] = w.key
     try:
         if isinstance(w, Call) and rt.max_concurrency is not None:
             # model calls (never nested: a call waits for no other work) are limited
@@ -588,6 +692,7 @@ async def _perform(rt, w, fut) -> None:
         if not isinstance(e, Exception):
             raise
     finally:
+        _performing.pop(task, None)
         _finished(rt, w, fut)
 
 

@@ -105,6 +105,9 @@ def gather(*thunks):
         return _Gather(thunks).each()   # a generator running ahead: its reads are logged
     if not rt.frames and not rt.stabilizing:
         # at top level: one pass over all of them (one store commit, work gathered)
+        if _async_defined and not rt.busy_depth and not _loop_running():
+            # sync code: their async work runs concurrently, on this thread's loop
+            return _aio_mod().drive(_aio_mod().gather_top(rt, thunks))
         check_usable(rt)
         token = _active.set(rt)
         enter(rt)

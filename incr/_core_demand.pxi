@@ -276,5 +276,7 @@ cdef void owe(Runtime rt, list todo):
     for n in todo:
         if n.observed_by is not None and not _needs_work(n):
             for o in n.observed_by:
+                if n.flags & F_HAS_VALUE:
+                    o.error = None      # (the error of an earlier run no longer holds)
                 if o.seen_at != n.changed_at:
                     rt.unnotified.append(o)

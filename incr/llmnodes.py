@@ -1292,8 +1292,11 @@ class _Loop:
                 continue
             except BaseException as e:  # KeyboardInterrupt, SystemExit: as an error
                 self.cut_short = True
-                if not self.began:
-                    # interrupted before the model was called (in a cooldown wait): no call
+                if not self.began or isinstance(e, _Deferred):
+                    # interrupted before the model was called (in a cooldown wait): no call;
+                    # or the generator unwound at a read that needs work first (_Suspend,
+                    # _Deferred): it is called again once that is done, as one attempt --
+                    # as in a serial run, where the read waits in place
                     st.spent_attempts -= 1
                     self.book.generations -= 1
                 raise
@@ -1446,8 +1449,8 @@ class _Loop:
                     await asyncio.sleep(wait)
                 start()
                 try:
-                    out = await node.gen(*self.args, previous=previous, feedback=feedback,
-                                         **self.kwargs)
+                    out = await _aio.restarting(rt, lambda: node.gen(
+                        *self.args, previous=previous, feedback=feedback, **self.kwargs))
                     _no_awaitable(node, st.label, out)
                 except BaseException as e:
                     finish(error=_error_text(e))
@@ -1464,7 +1467,10 @@ class _Loop:
             try:
                 out = node.gen(*self.args, previous=previous, feedback=feedback, **self.kwargs)
                 if node.gen_is_async and inspect.iscoroutine(out):
-                    out = _aio.drive_call(rt, _aio.before(out, self._deadline()))   # own loop
+                    out = _aio.drive_call(   # this thread's own loop
+                        rt, out, lambda: node.gen(*self.args, previous=previous,
+                                                  feedback=feedback, **self.kwargs),
+                        self._deadline())
                 _no_awaitable(node, st.label, out)
             except BaseException as e:
                 finish(error=_error_text(e))
@@ -1742,7 +1748,8 @@ class _Loop:
         limit, why = self._validator_limit(val)
         t0 = time.monotonic()
         try:
-            res = await asyncio.wait_for(val.fn(cand, *self.args, **self.kwargs), limit)
+            res = await asyncio.wait_for(_aio.restarting(
+                self.rt, lambda: val.fn(cand, *self.args, **self.kwargs)), limit)
         except asyncio.TimeoutError:
             out = [UNKNOWN("*", why)]
         except asyncio.CancelledError:
@@ -1758,7 +1765,8 @@ class _Loop:
         try:
             res = val.fn(cand, *self.args, **self.kwargs)
             if val.is_async and inspect.iscoroutine(res):
-                res = _aio.drive_call(self.rt, res)   # sync code: this thread's loop
+                res = _aio.drive_call(   # sync code: this thread's loop
+                    self.rt, res, lambda: val.fn(cand, *self.args, **self.kwargs))
         except BaseException as e:
             out = self._verdicts(val, None, e)
         else:
