@@ -492,14 +492,7 @@ def _fold_case(kind):
     return build, change, check
 
 
-@pytest.mark.parametrize("kind", [
-    pytest.param("reduce", marks=pytest.mark.xfail(strict=True, reason=(
-        "SILENT WRONG VALUE: FoldTree.delete pops the key from its index before rotating the "
-        "node out (each rotation calls op); Ctrl-C there leaves the node in the tree for good, "
-        "and one in set's rotations leaves stale aggregates"))),
-    "fold", "top_k",
-    pytest.param("sum", marks=pytest.mark.xfail(strict=True, reason=(
-        "SILENT WRONG VALUE: as for reduce: a sum over a Python number is a FoldTree")))])
+@pytest.mark.parametrize("kind", ["reduce", "fold", "top_k", "sum"])
 def test_ctrl_c_in_a_folds_run_does_not_lose_the_changed_keys(kind):
     """A Ctrl-C at any call of the user's code in a fold's run, then the next run: the right
     value. (Was a settrace stop in Fold._drive, before the fold's bookkeeping; rewritten as
