@@ -762,19 +762,28 @@ cdef class PerKeyFn:
 
     def check(self, rt, all_keys):
         """Read (tracked) every outside dependency; the keys to run again because one moved."""
+        # Reading a dependency may run cells (the user's code: it may raise, or a Ctrl-C may
+        # land there). The marks move only once every one was read, in one step with no call
+        # out, and the keys they give go to the node's _pending before any is run: a run cut
+        # short anywhere keeps the marks, and the next run finds the same changes.
+        cdef list ext_moved = [], glob_moved = []
         out = set()
         for dep, seen in list(self.ext_seen.items()):
             rt._read(dep)
-            if dep._changed_at != seen:
-                self.ext_seen[dep] = dep._changed_at
-                out.update(self.ext_keys.get(dep, ()))
-        moved = False
+            ca = dep._changed_at
+            if ca != seen:
+                ext_moved.append((dep, ca))
         for dep, seen in list(self.glob.items()):
             rt._read(dep)
-            if dep._changed_at != seen:
-                self.glob[dep] = dep._changed_at
-                moved = True
-        if moved:
+            ca = dep._changed_at
+            if ca != seen:
+                glob_moved.append((dep, ca))
+        for dep, ca in ext_moved:
+            self.ext_seen[dep] = ca
+            out.update(self.ext_keys.get(dep, ()))
+        for dep, ca in glob_moved:
+            self.glob[dep] = ca
+        if glob_moved:
             out.update(all_keys)
         return out
 
@@ -1140,10 +1149,10 @@ cdef class MapBase(NodeBase):
             else:
                 try:
                     r = self.compute(rt, key, <object>pv)
+                    self.apply_one(key, r)      # (a value's == is the user's code too)
                 except BaseException:
                     PySet_Add(pending, key)     # computed again at the next run
                     raise
-                self.apply_one(key, r)
             return self.view()
         if seen < ustart:     # first run, or fell behind a trimmed log: everything
             if not self._data and self._fresh_build(rt, upn._data):

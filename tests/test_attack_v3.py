@@ -541,10 +541,6 @@ def _map_case(kind):
     return build, change, check
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SILENT WRONG VALUE: PerKeyFn.check (incr/_collections.pyx) records a dependency's new "
-    "changed_at as it goes; a Ctrl-C while it brings the next one up to date keeps the mark "
-    "and loses the keys to re-run. Commit the marks once every dependency was read."))
 @pytest.mark.parametrize("kind", ["plain", "cell"])
 def test_ctrl_c_in_a_maps_check_of_what_its_function_read_does_not_lose_the_change(kind):
     """m.map(fn) where fn reads two cells that read an input (y1 directly, y2 through z): a
