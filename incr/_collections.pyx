@@ -660,14 +660,18 @@ _KINDS = {bool: "number", int: "number", float: "number", str: "str", bytes: "by
           type(None): "none", tuple: "tuple"}
 
 
-def _key_kind(key, where):
+def _key_kind(key, where, whole=_EMPTY):
     kind = _KINDS.get(type(key))
     if kind is None:
         raise TypeError(f"{where}: a key must be None, bool, int, float, str, bytes or a tuple "
                         f"of them, got {type(key).__name__} {key!r}")
+    if type(key) is float and key != key:
+        raise ValueError(f"{where}: key {(key if whole is _EMPTY else whole)!r}: NaN cannot "
+                         f"be a key (it is not equal to itself and has no place in key order); "
+                         f"use None or another value")
     if kind == "tuple":
         for k in key:
-            _key_kind(k, where)
+            _key_kind(k, where, key if whole is _EMPTY else whole)
     return kind
 
 
@@ -1250,7 +1254,7 @@ cdef class InputMapBase(MapBase):
         else:
             try:
                 self._check_kind(key)
-            except TypeError:       # not a key (unhashable included): say which map and key
+            except (TypeError, ValueError):   # not a key (unhashable, NaN): say which map
                 _key_kind(key, f"input_map {self.label!r}: set")
                 raise
         if key in self._key_inputs:

@@ -281,7 +281,10 @@ class InputMap(IncrMap, InputMapBase):
             # checked before the name is taken: a bad mapping or key leaves nothing declared
             data = _pairs(mapping, f"input_map {name!r}")
             kinds = {type(k) for k in data}
-            if not (len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple")):
+            simple = len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple")
+            if simple and float in kinds and any(k != k for k in data):
+                simple = False      # a NaN key: refused below, naming it
+            if not simple:
                 for k in data:
                     _key_kind(k, f"input_map {name!r}")
         self._stamp = 0
@@ -290,7 +293,7 @@ class InputMap(IncrMap, InputMapBase):
         self._key_inputs = {}
         self._mode = MODE_INPUT
         if data is not None:
-            if len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple"):
+            if simple:
                 # one simple key type (the common case): checked once, not per key
                 self._kind = _KINDS[next(iter(kinds))]
                 self._data = data
@@ -355,7 +358,7 @@ class InputMap(IncrMap, InputMapBase):
         if not changed and not dels:
             return
         for k, _ in changed:
-            _key_kind(k, self.label)
+            _key_kind(k, f"input_map {self.label!r}: update")
         with self._rt.batch():
             self._bump()
             for k, v in changed:
@@ -591,6 +594,7 @@ def input_map(rt: Any, name: str, mapping: Any = None) -> InputMap:
     """Declare the keyed input ``name`` on ``rt`` with its first entries.
 
     Keys are None, bool, int, float, str, bytes or tuples of them, one kind per map (they are
-    kept in order). Raises ValueError if an input of that name exists.
+    kept in order); NaN is not a key (ValueError). Raises ValueError if an input of that name
+    exists.
     """
     return InputMap(rt, name, mapping)
