@@ -418,6 +418,17 @@ class _OneUp(IncrMap):
     def _apply(self, results: dict) -> None:            # MODE_HOOKS
         raise NotImplementedError
 
+    def _restart(self) -> None:
+        """A hook's _apply was cut short (a Ctrl-C, an error) with its own bookkeeping half
+        updated: forget the content, so that the next run reads every upstream key again and
+        every consumer, being behind the new log, reads everything (O(n), once). What a
+        per-key instance computed is kept (its cell is not run again)."""
+        self._data = {}
+        self._sorted = None
+        self._log_start, self._log = self._log_start + len(self._log) + 1, []
+        self._seen = -1
+        self._pending = set()
+
 
 class _MapNode(_OneUp):
     __slots__ = ()
@@ -447,6 +458,19 @@ class _MapKeysNode(_OneUp):
         return (nk, value)
 
     def _apply(self, results: dict) -> None:
+        try:
+            clash = self._apply_keys(results)
+        except BaseException:
+            self._dst, self._src = {}, {}
+            self._restart()
+            raise
+        if clash is not None:
+            nk, a, b = clash
+            self._pending.clear()
+            self._pending.add(b)   # tried again at the next run
+            raise ValueError(f"{self.label}: keys {a!r} and {b!r} both map to {nk!r}")
+
+    def _apply_keys(self, results: dict) -> Any:
         # moves and removals first, so that keys can trade places within one change
         for key in results:
             old = self._dst.pop(key, _ABSENT)
@@ -468,11 +492,7 @@ class _MapKeysNode(_OneUp):
             self._src[nk] = key
             self._dst[key] = nk
             self._put(nk, v)
-        if clash is not None:
-            nk, a, b = clash
-            self._pending.clear()
-            self._pending.add(b)   # tried again at the next run
-            raise ValueError(f"{self.label}: keys {a!r} and {b!r} both map to {nk!r}")
+        return clash
 
 
 class _JoinNode(IncrMap):
@@ -524,6 +544,14 @@ class _GroupByNode(_OneUp):
         return (g, value)
 
     def _apply(self, results: dict) -> None:
+        try:
+            self._apply_groups(results)
+        except BaseException:
+            self._group_of, self._members, self._gsorted = {}, {}, {}
+            self._restart()
+            raise
+
+    def _apply_groups(self, results: dict) -> None:
         touched = set()
         for key, r in results.items():
             old = self._group_of.pop(key, _ABSENT)
