@@ -30,8 +30,10 @@ cdef class FoldTree:
     cdef object identity             # the value of the empty tree
     cdef Py_ssize_t k                # K_TOPK
     cdef unsigned long long rng
+    cdef bint dirty                  # an exception cut a set / delete short: repair() first
 
     cdef unsigned int next_prio(self)
+    cdef void repair(self) except *
     cdef void pull(self, TNode n) except *
     cdef void fix_up(self, TNode n) except *
     cdef void rotate_up(self, TNode x) except *

@@ -97,6 +97,7 @@ cdef class FoldTree:
     def __init__(self, kind, op=None, identity=None, Py_ssize_t k=0):
         self.root = None
         self.index = {}
+        self.dirty = False
         cdef unsigned long long seed = 0x9E3779B97F4A7C15
         self.rng = seed
         self.op = op
@@ -205,15 +206,43 @@ cdef class FoldTree:
         self.pull(p)
         self.pull(x)
 
+    cdef void repair(self) except *:
+        # after an exception out of set / delete (the user's op, a value's comparison, a
+        # Ctrl-C in either): the shape is whole -- each step relinks the nodes before it
+        # calls the user -- but aggregates on the path may be stale. All recomputed, children
+        # first: O(n), once per exception; `dirty` stays set if this raises too.
+        cdef list stack = [], order = []
+        cdef TNode n
+        cdef Py_ssize_t i
+        if self.root is not None:
+            stack.append(self.root)
+        while stack:
+            n = <TNode>stack.pop()
+            order.append(n)
+            if n.left is not None:
+                stack.append(n.left)
+            if n.right is not None:
+                stack.append(n.right)
+        for i in range(len(order) - 1, -1, -1):
+            self.pull(<TNode>order[i])
+        self.dirty = False
+
     cpdef set(self, object key, object value, object sk=None):
         """Give ``key`` the value ``value`` (adding the key if new). O(log n) expected."""
         cdef TNode n = self.index.get(key)
         cdef TNode cur, nxt
+        if self.dirty:
+            self.repair()
+        self.dirty = True               # until this set is done (an exception keeps it)
         if n is not None:
             n.value = value
             if self.kind == K_TOPK:
                 n.sk = (value if sk is None else sk, key, value)
+            # (a set whose rotations an exception cut short left n above its place)
+            while n.parent != NULL and (<TNode>n.parent).prio < n.prio:
+                self.rotate_up(n)
             self.fix_up(n)
+            self.dirty = False
             return
         n = TNode.__new__(TNode)
         n.key = key
@@ -245,13 +274,19 @@ cdef class FoldTree:
             self.rotate_up(n)
         if n.parent != NULL:
             self.fix_up(<TNode>n.parent)
+        self.dirty = False
 
     cpdef bint delete(self, object key) except -1:
         """Remove ``key``; False if it was not there. O(log n) expected."""
-        cdef TNode n = self.index.pop(key, None)
+        cdef TNode n = self.index.get(key)
         cdef TNode c, p
         if n is None:
             return False
+        if self.dirty:
+            self.repair()
+        self.dirty = True
+        # rotated down to a leaf (each rotation may call the user: the key stays in the index
+        # until the node is out, so that a delete cut short is done again, not forgotten)
         while n.left is not None or n.right is not None:
             if n.left is None:
                 c = n.right
@@ -262,6 +297,7 @@ cdef class FoldTree:
             else:
                 c = n.right
             self.rotate_up(c)
+        del self.index[key]
         if n.parent == NULL:
             self.root = None
         else:
@@ -272,6 +308,7 @@ cdef class FoldTree:
                 p.right = None
             n.parent = NULL
             self.fix_up(p)
+        self.dirty = False
         return True
 
     @property
@@ -279,6 +316,8 @@ cdef class FoldTree:
         """The aggregate of every value (key order), or the empty tree's value."""
         if self.root is None:
             return self.identity
+        if self.dirty:
+            self.repair()
         if self.kind == K_TOPK:
             return tuple([(it[1], it[2]) for it in <tuple>self.root.agg])
         return self.root.agg
@@ -621,14 +660,18 @@ _KINDS = {bool: "number", int: "number", float: "number", str: "str", bytes: "by
           type(None): "none", tuple: "tuple"}
 
 
-def _key_kind(key, where):
+def _key_kind(key, where, whole=_EMPTY):
     kind = _KINDS.get(type(key))
     if kind is None:
         raise TypeError(f"{where}: a key must be None, bool, int, float, str, bytes or a tuple "
                         f"of them, got {type(key).__name__} {key!r}")
+    if type(key) is float and key != key:
+        raise ValueError(f"{where}: key {(key if whole is _EMPTY else whole)!r}: NaN cannot "
+                         f"be a key (it is not equal to itself and has no place in key order); "
+                         f"use None or another value")
     if kind == "tuple":
         for k in key:
-            _key_kind(k, where)
+            _key_kind(k, where, key if whole is _EMPTY else whole)
     return kind
 
 
@@ -723,19 +766,28 @@ cdef class PerKeyFn:
 
     def check(self, rt, all_keys):
         """Read (tracked) every outside dependency; the keys to run again because one moved."""
+        # Reading a dependency may run cells (the user's code: it may raise, or a Ctrl-C may
+        # land there). The marks move only once every one was read, in one step with no call
+        # out, and the keys they give go to the node's _pending before any is run: a run cut
+        # short anywhere keeps the marks, and the next run finds the same changes.
+        cdef list ext_moved = [], glob_moved = []
         out = set()
         for dep, seen in list(self.ext_seen.items()):
             rt._read(dep)
-            if dep._changed_at != seen:
-                self.ext_seen[dep] = dep._changed_at
-                out.update(self.ext_keys.get(dep, ()))
-        moved = False
+            ca = dep._changed_at
+            if ca != seen:
+                ext_moved.append((dep, ca))
         for dep, seen in list(self.glob.items()):
             rt._read(dep)
-            if dep._changed_at != seen:
-                self.glob[dep] = dep._changed_at
-                moved = True
-        if moved:
+            ca = dep._changed_at
+            if ca != seen:
+                glob_moved.append((dep, ca))
+        for dep, ca in ext_moved:
+            self.ext_seen[dep] = ca
+            out.update(self.ext_keys.get(dep, ()))
+        for dep, ca in glob_moved:
+            self.glob[dep] = ca
+        if glob_moved:
             out.update(all_keys)
         return out
 
@@ -1101,10 +1153,10 @@ cdef class MapBase(NodeBase):
             else:
                 try:
                     r = self.compute(rt, key, <object>pv)
+                    self.apply_one(key, r)      # (a value's == is the user's code too)
                 except BaseException:
                     PySet_Add(pending, key)     # computed again at the next run
                     raise
-                self.apply_one(key, r)
             return self.view()
         if seen < ustart:     # first run, or fell behind a trimmed log: everything
             if not self._data and self._fresh_build(rt, upn._data):
@@ -1202,7 +1254,7 @@ cdef class InputMapBase(MapBase):
         else:
             try:
                 self._check_kind(key)
-            except TypeError:       # not a key (unhashable included): say which map and key
+            except (TypeError, ValueError):   # not a key (unhashable, NaN): say which map
                 _key_kind(key, f"input_map {self.label!r}: set")
                 raise
         if key in self._key_inputs:

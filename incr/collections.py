@@ -281,7 +281,10 @@ class InputMap(IncrMap, InputMapBase):
             # checked before the name is taken: a bad mapping or key leaves nothing declared
             data = _pairs(mapping, f"input_map {name!r}")
             kinds = {type(k) for k in data}
-            if not (len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple")):
+            simple = len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple")
+            if simple and float in kinds and any(k != k for k in data):
+                simple = False      # a NaN key: refused below, naming it
+            if not simple:
                 for k in data:
                     _key_kind(k, f"input_map {name!r}")
         self._stamp = 0
@@ -290,7 +293,7 @@ class InputMap(IncrMap, InputMapBase):
         self._key_inputs = {}
         self._mode = MODE_INPUT
         if data is not None:
-            if len(kinds) == 1 and _KINDS.get(next(iter(kinds))) not in (None, "tuple"):
+            if simple:
                 # one simple key type (the common case): checked once, not per key
                 self._kind = _KINDS[next(iter(kinds))]
                 self._data = data
@@ -355,7 +358,7 @@ class InputMap(IncrMap, InputMapBase):
         if not changed and not dels:
             return
         for k, _ in changed:
-            _key_kind(k, self.label)
+            _key_kind(k, f"input_map {self.label!r}: update")
         with self._rt.batch():
             self._bump()
             for k, v in changed:
@@ -415,6 +418,17 @@ class _OneUp(IncrMap):
     def _apply(self, results: dict) -> None:            # MODE_HOOKS
         raise NotImplementedError
 
+    def _restart(self) -> None:
+        """A hook's _apply was cut short (a Ctrl-C, an error) with its own bookkeeping half
+        updated: forget the content, so that the next run reads every upstream key again and
+        every consumer, being behind the new log, reads everything (O(n), once). What a
+        per-key instance computed is kept (its cell is not run again)."""
+        self._data = {}
+        self._sorted = None
+        self._log_start, self._log = self._log_start + len(self._log) + 1, []
+        self._seen = -1
+        self._pending = set()
+
 
 class _MapNode(_OneUp):
     __slots__ = ()
@@ -444,6 +458,19 @@ class _MapKeysNode(_OneUp):
         return (nk, value)
 
     def _apply(self, results: dict) -> None:
+        try:
+            clash = self._apply_keys(results)
+        except BaseException:
+            self._dst, self._src = {}, {}
+            self._restart()
+            raise
+        if clash is not None:
+            nk, a, b = clash
+            self._pending.clear()
+            self._pending.add(b)   # tried again at the next run
+            raise ValueError(f"{self.label}: keys {a!r} and {b!r} both map to {nk!r}")
+
+    def _apply_keys(self, results: dict) -> Any:
         # moves and removals first, so that keys can trade places within one change
         for key in results:
             old = self._dst.pop(key, _ABSENT)
@@ -465,11 +492,7 @@ class _MapKeysNode(_OneUp):
             self._src[nk] = key
             self._dst[key] = nk
             self._put(nk, v)
-        if clash is not None:
-            nk, a, b = clash
-            self._pending.clear()
-            self._pending.add(b)   # tried again at the next run
-            raise ValueError(f"{self.label}: keys {a!r} and {b!r} both map to {nk!r}")
+        return clash
 
 
 class _JoinNode(IncrMap):
@@ -521,6 +544,14 @@ class _GroupByNode(_OneUp):
         return (g, value)
 
     def _apply(self, results: dict) -> None:
+        try:
+            self._apply_groups(results)
+        except BaseException:
+            self._group_of, self._members, self._gsorted = {}, {}, {}
+            self._restart()
+            raise
+
+    def _apply_groups(self, results: dict) -> None:
         touched = set()
         for key, r in results.items():
             old = self._group_of.pop(key, _ABSENT)
@@ -591,6 +622,7 @@ def input_map(rt: Any, name: str, mapping: Any = None) -> InputMap:
     """Declare the keyed input ``name`` on ``rt`` with its first entries.
 
     Keys are None, bool, int, float, str, bytes or tuples of them, one kind per map (they are
-    kept in order). Raises ValueError if an input of that name exists.
+    kept in order); NaN is not a key (ValueError). Raises ValueError if an input of that name
+    exists.
     """
     return InputMap(rt, name, mapping)
