@@ -648,6 +648,7 @@ async def do_works(rt, works: list, chain: list) -> None:
     finally:
         if me is not None and rt.awaiting.get(me) is keys:
             del rt.awaiting[me]
+        orphans = []
         for f in futs:
             entry = _work.get(f)
             if entry is not None:
@@ -656,6 +657,12 @@ async def do_works(rt, works: list, chain: list) -> None:
                     # its last waiter is gone (cancelled): the work is cancelled too, and
                     # records nothing
                     entry[0].cancel()
+                    orphans.append(entry[0])
+        if orphans:
+            # structured: no work outlives its last waiter -- the cancelled tasks unwind
+            # (their runs closed, recording nothing) before this waiter goes on, so the trace
+            # is consistent as soon as it wakes (I6: nothing left marked running)
+            await asyncio.wait(orphans)
 
 
 def _unwound(rt, key):

@@ -275,13 +275,6 @@ def test_a_nan_key_is_refused_by_an_input_map():
 # -- (3) asyncio ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BROKEN PROMISE (docs/concurrency.md: 'the trace invariants hold after any cancellation "
-    "point'): when the task awaiting an async cell has received its CancelledError, the "
-    "instance is still marked running (I6) until the loop runs its work task once more: "
-    "rt._check() fails right after `await t`. Values stay right (a later demand recomputes). "
-    "The cancelled waiter is woken before the work it was alone waiting for is unwound "
-    "(incr/_aio.py ademand / do_works: cancel the work and wait for it before re-raising)."))
 def test_the_trace_is_consistent_as_soon_as_a_cancelled_waiter_wakes():
     async def main():
         rt = incr.Runtime()

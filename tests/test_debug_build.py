@@ -38,6 +38,9 @@ SUITE = [
     "tests/test_exceptions.py",
     "tests/test_cycles.py",
     "tests/test_llm_control.py",
+    "tests/test_async.py",
+    "tests/test_attack_async.py",
+    "tests/test_concurrency_cells.py",
 ]
 
 
