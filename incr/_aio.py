@@ -609,12 +609,21 @@ async def do_works(rt, works: list, chain: list) -> None:
                 raise IncrError(f"incr: {w.inst.label_text} is in flight with nobody to "
                                 f"finish it (an internal error; please report it)")
             fut = loop.create_future()
+            task = None
             rt.inflight[w.key] = fut
-            ctx = contextvars.copy_context()
-            ctx.run(_core._active_var().set, rt)    # the task computes on rt
-            task = loop.create_task(_perform(rt, w, fut), context=ctx)
-            task.add_done_callback(functools.partial(_finished, rt, w, fut))
-            _work[fut] = [task, 0]
+            try:
+                ctx = contextvars.copy_context()
+                ctx.run(_core._active_var().set, rt)    # the task computes on rt
+                task = loop.create_task(_perform(rt, w, fut), context=ctx)
+                task.add_done_callback(functools.partial(_finished, rt, w, fut))
+                _work[fut] = [task, 0]
+            except BaseException:
+                # interrupted (Ctrl-C) before the work was fully registered: nobody would
+                # finish it, and its future would pin the key to this loop for good
+                if task is not None:
+                    task.cancel()
+                _finished(rt, w, fut)
+                raise
         else:
             if _performing.get(asyncio.current_task()) == w.key:
                 # the work waits for itself (a validator that reads its own node, say): a

@@ -1009,12 +1009,6 @@ def test_ctrl_c_in_the_first_step_of_an_async_cell_leaves_the_runtime_usable(fn_
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "RUNTIME BROKEN FOR GOOD after one Ctrl-C: in incr/_aio.py do_works, Ctrl-C after "
-    "`rt.inflight[w.key] = fut` and before the task that resolves fut exists leaves fut in "
-    "rt.inflight for good: the next asyncio.run (a new loop) fails with 'leaf() is being "
-    "computed on another event loop' at every demand. Register the future only together with "
-    "its task (or drop it on BaseException)."))
 def test_ctrl_c_while_async_work_is_registered_does_not_pin_it_to_a_dead_loop():
     rt = incr.Runtime()
     x = rt.input("x", 1)
