@@ -116,12 +116,6 @@ def _one_llm_node(rt, calls):
     return x, gen
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SILENT WRONG VALUE: Ctrl-C as an LLM node's generation loop begins (_Loop._loop_on, "
-    "incr/llmnodes.py, before `st.pending = \"generate\"`) leaves st.pending False; the next "
-    "run takes the old candidate (made under x=1) as re-validated under x=2, vacuously (no "
-    "validators), and serves it as up to date. Set pending before anything can raise in "
-    "run(), or mark the run cut short on any BaseException before the loop starts."))
 @pytest.mark.parametrize("where", ["_loop_on", "_new_epoch", "_fresh_budget", "_reread",
                                    "_vacuous", "_withdrawn_now"])
 def test_ctrl_c_as_a_generation_loop_begins_never_serves_the_old_contexts_candidate(where):
@@ -140,13 +134,6 @@ def test_ctrl_c_as_a_generation_loop_begins_never_serves_the_old_contexts_candid
         assert gen() == 20
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WRONG RESULT (an error for a value): Ctrl-C just after a generation was recorded "
-    "(_Loop._loop_on records st.fingerprints[fp] and the candidate, then is interrupted at "
-    "`st.generated_under = self._basis()` while st.pending is still \"generate\"): the next "
-    "run generates again, gets the same candidate and ends NotAccepted('oscillation') for a "
-    "node with no validators and a deterministic generator. Record the fingerprint and "
-    "st.pending together (or undo the half-recorded revision on BaseException)."))
 def test_ctrl_c_just_after_a_generation_is_recorded_is_not_an_oscillation():
     rt = incr.Runtime(max_workers=1)
     calls = []
@@ -785,13 +772,6 @@ def test_ctrl_c_while_async_work_is_registered_does_not_pin_it_to_a_dead_loop():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SILENT WRONG VALUE / FALSE FAILURE with a validator: Ctrl-C at a step of _Loop.run "
-    "(incr/llmnodes.py) before the re-validation under the new context is recorded "
-    "(_new_epoch, _reread: the old candidate, which the validator NACKs under x=2, is then "
-    "served as 'stable'; _fresh_budget, _vacuous, _fingerprint, _normal: the node ends "
-    "NotAccepted('unknown') with its validator never asked). The epoch/context switch must "
-    "be made all at once, or rolled back on BaseException."))
 @pytest.mark.parametrize("where", ["_new_epoch", "_reread", "_fresh_budget", "_vacuous",
                                    "_fingerprint", "_normal"])
 def test_ctrl_c_before_a_revalidation_never_serves_a_candidate_its_validator_rejects(where):
