@@ -856,8 +856,8 @@ class _Loop:
 
     def __init__(self, node: LLMNode, args: tuple, kwargs: dict):
         self.node = node
-        self.args = args
-        self.kwargs = kwargs
+        self._args = args         # this run's copy (the core's): never handed out itself
+        self._kwargs = kwargs
         self.rt = current()
         self.book = _book(self.rt)
         inst = self.rt._running()
@@ -878,6 +878,20 @@ class _Loop:
         # (undo: _switch_state at the start) and the snapshot stays, as if it had not run
         self.settled = False
         self.undo = None
+
+    # every call this run makes with the node's arguments (each generator call, each
+    # validator and recheck call) gets its own copy, made as the core makes one for each
+    # run of a cell (keys.own_args): what one call does to them, no other call sees
+    @property
+    def args(self) -> tuple:
+        own = _keys.own_args(self._args)
+        return self._args if own is None else own
+
+    @property
+    def kwargs(self) -> dict:
+        kw = self._kwargs
+        own = _keys.own_args(tuple(kw.values())) if kw else None
+        return kw if own is None else dict(zip(kw, own))
 
     # -- the loop ---------------------------------------------------------------------------
 

@@ -296,12 +296,6 @@ def test_the_trace_is_consistent_as_soon_as_a_cancelled_waiter_wakes():
 # -- (4) mutation of arguments ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BROKEN PROMISE (API.md: 'an instance runs on its own immutable copy of the arguments "
-    "... mutating an argument inside the cell never changes what that instance computes'): "
-    "an LLM node's generator gets ONE copy of its arguments for the whole loop, so the "
-    "second attempt sees what the first attempt did to them. incr/llmnodes.py _Loop should "
-    "hand each generator call a fresh copy (as the core does for each run of a cell)."))
 def test_an_llm_generators_retry_does_not_see_what_the_first_attempt_did_to_its_arguments():
     seen = []
 
@@ -321,11 +315,6 @@ def test_an_llm_generators_retry_does_not_see_what_the_first_attempt_did_to_its_
     assert seen == [[], []], seen
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BROKEN PROMISE (same rule): the validators of one candidate share one copy of the "
-    "node's arguments, so a validator that mutates them changes what the next validator "
-    "judges (v2 sees v1's append): a verdict that depends on validator order. "
-    "incr/llmnodes.py should pass each validator call its own copy."))
 def test_a_validator_does_not_see_what_another_validator_did_to_the_arguments():
     seen = []
 
