@@ -197,8 +197,10 @@ class Candidate:
 
 def _positive(kind):
     def check(inst, attribute, value):
+        # (NaN is no number here: every comparison with it is False, so a NaN limit would
+        # never trip -- the budget silently off)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
-                                  or value <= 0):
+                                  or value != value or value <= 0):
             raise ValueError(f"{type(inst).__name__}: {attribute.name} must be a positive "
                              f"{kind.__name__ if isinstance(kind, type) else 'number'} or "
                              f"None, got {value!r}")
@@ -282,6 +284,13 @@ class Validator:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"incr.validator {fn.__qualname__}: timeout must be a positive "
                              f"number of seconds or None, got {timeout!r}")
+        if version is not None and (type(version) is bool
+                                    or not isinstance(version, (str, int))):
+            # as for @incr.cell (Cell.__init__): the version goes into every context key of
+            # the nodes it validates, across processes; an object's repr differs per process
+            raise TypeError(f"incr.validator {fn.__qualname__}: version must be a str or an "
+                            f"int (it names this validator in the store, across processes), "
+                            f"got {version!r} ({type(version).__qualname__})")
         self.fn = fn
         self.id = f"{fn.__module__}.{fn.__qualname__}"
         self.version = str(version) if version is not None else \

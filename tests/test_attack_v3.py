@@ -207,22 +207,12 @@ def test_ctrl_c_inside_incrs_event_loop_does_not_hang_stabilize():
 # -- (2) arguments the contract2 checks let through -----------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BAD ARGUMENT ACCEPTED: Budget(max_cost=nan) / max_seconds=nan / cooldown=nan pass the "
-    "'positive number or None' check (nan < 0 is False); a nan limit never trips (cost >= nan "
-    "is False), so the budget the caller set is silently off. The validators in "
-    "incr/llmnodes.py (Budget fields) should refuse nan (math.isnan)."))
 @pytest.mark.parametrize("field", ["max_cost", "max_seconds", "cooldown"])
 def test_a_nan_budget_limit_is_refused(field):
     with pytest.raises(ValueError, match=field):
         incr.Budget(**{field: float("nan")})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BAD ARGUMENT ACCEPTED: @incr.validator(version=object()) (or a list) is taken, while "
-    "contract2 refuses the same for @incr.cell/@incr.llm: the version goes into every "
-    "context key by repr, so an object's (per-process address) makes the PASS path miss in "
-    "every new process. incr/llmnodes.py validator() should apply the cell's check."))
 @pytest.mark.parametrize("version", [object(), [1], 1.5])
 def test_a_validator_version_that_is_not_str_or_int_is_refused(version):
     with pytest.raises(TypeError, match="version"):
