@@ -30,6 +30,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import operator
 import threading
 import time
 import warnings
@@ -1939,30 +1940,39 @@ class _Loop:
 
 # what an interrupted switch of a node's state undoes (_Loop.run: a new context, a fresh
 # budget, a reused or escalated candidate, a stop; _Loop._loop_on: a new revision)
-_SWITCHED = ("pending", "spot_due", "pass_cut", "ledger", "history", "made_under", "epoch",
-             "evidence", "fingerprints", "status", "withdrawals", "damped", "spent_attempts",
+_SWITCHED = ("pending", "spot_due", "pass_cut", "ledger", "made_under", "epoch", "evidence",
+             "fingerprints", "status", "withdrawals", "damped", "spent_attempts",
              "spent_tokens", "spent_cost", "started", "stale_streak", "failed", "failed_events",
-             "below", "escalated", "warned", "revision", "values", "candidate", "has_candidate",
-             "base", "attempts", "generated_under", "near", "patch_nack", "regressions",
-             "regression_src")
+             "below", "escalated", "warned", "revision", "candidate", "has_candidate", "base",
+             "generated_under", "near", "patch_nack", "regressions", "regression_src")
+_switched = operator.attrgetter(*_SWITCHED)
+_SWITCHED_COPIED = tuple(i for i, name in enumerate(_SWITCHED)    # (changed in place)
+                         if name in ("ledger", "made_under", "evidence", "fingerprints",
+                                     "warned", "regressions", "regression_src"))
 
 
 def _switch_state(st: _Node) -> tuple:
-    """The fields of ``st`` a switch changes, their containers copied, and the last attempt's
-    own fields (see _put_back)."""
-    saved = []
-    for name in _SWITCHED:
-        v = getattr(st, name)
-        saved.append(type(v)(v) if type(v) in (list, dict, set) else v)
+    """The fields of ``st`` a switch changes (see _put_back), their containers copied -- but
+    for what only grows (history, attempts, values: one per revision), kept by length, so
+    that saving costs the same however long the node has lived."""
+    saved = list(_switched(st))
+    for i in _SWITCHED_COPIED:
+        saved[i] = saved[i].copy()
     last = st.attempts[-1] if st.attempts else None
     own = None if last is None else (last.revision, last.fingerprint, last.outcome, last.note)
-    return saved, last, own
+    return (saved, (st.history, len(st.history)), (st.attempts, len(st.attempts)), st.values,
+            last, own)
 
 
 def _put_back(st: _Node, undo: tuple) -> None:
-    saved, last, own = undo
+    saved, (history, nh), (attempts, na), values, last, own = undo
     for name, v in zip(_SWITCHED, saved):
         setattr(st, name, v)
+    del history[nh:]
+    del attempts[na:]
+    for rev in [rev for rev in values if rev > st.revision]:   # (made in the switch)
+        del values[rev]
+    st.history, st.attempts, st.values = history, attempts, values
     if last is not None:
         last.revision, last.fingerprint, last.outcome, last.note = own
 
