@@ -30,6 +30,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import operator
 import threading
 import time
 import warnings
@@ -197,8 +198,10 @@ class Candidate:
 
 def _positive(kind):
     def check(inst, attribute, value):
+        # (NaN is no number here: every comparison with it is False, so a NaN limit would
+        # never trip -- the budget silently off)
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)
-                                  or value <= 0):
+                                  or value != value or value <= 0):
             raise ValueError(f"{type(inst).__name__}: {attribute.name} must be a positive "
                              f"{kind.__name__ if isinstance(kind, type) else 'number'} or "
                              f"None, got {value!r}")
@@ -282,6 +285,13 @@ class Validator:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"incr.validator {fn.__qualname__}: timeout must be a positive "
                              f"number of seconds or None, got {timeout!r}")
+        if version is not None and (type(version) is bool
+                                    or not isinstance(version, (str, int))):
+            # as for @incr.cell (Cell.__init__): the version goes into every context key of
+            # the nodes it validates, across processes; an object's repr differs per process
+            raise TypeError(f"incr.validator {fn.__qualname__}: version must be a str or an "
+                            f"int (it names this validator in the store, across processes), "
+                            f"got {version!r} ({type(version).__qualname__})")
         self.fn = fn
         self.id = f"{fn.__module__}.{fn.__qualname__}"
         self.version = str(version) if version is not None else \
@@ -856,8 +866,8 @@ class _Loop:
 
     def __init__(self, node: LLMNode, args: tuple, kwargs: dict):
         self.node = node
-        self.args = args
-        self.kwargs = kwargs
+        self._args = args         # this run's copy (the core's): never handed out itself
+        self._kwargs = kwargs
         self.rt = current()
         self.book = _book(self.rt)
         inst = self.rt._running()
@@ -873,6 +883,25 @@ class _Loop:
         self.ahead_seconds = None
         self.replayed = False     # the call's outcome was made ahead (a worker or a task)
         self.ticket = None        # the _Ticket of the call made here
+        # until the run has switched over (a new context taken in, or where the last pass
+        # stopped resumed: see _settle), an interrupt undoes what it did to the node's state
+        # (undo: _switch_state at the start) and the snapshot stays, as if it had not run
+        self.settled = False
+        self.undo = None
+
+    # every call this run makes with the node's arguments (each generator call, each
+    # validator and recheck call) gets its own copy, made as the core makes one for each
+    # run of a cell (keys.own_args): what one call does to them, no other call sees
+    @property
+    def args(self) -> tuple:
+        own = _keys.own_args(self._args)
+        return self._args if own is None else own
+
+    @property
+    def kwargs(self) -> dict:
+        kw = self._kwargs
+        own = _keys.own_args(tuple(kw.values())) if kw else None
+        return kw if own is None else dict(zip(kw, own))
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -880,6 +909,8 @@ class _Loop:
         st = self.st
         deferred = False
         taken_in = False      # every change since the last run has been looked at
+        unrun = False         # interrupted before it settled: undone, nothing kept
+        self.undo = _switch_state(st)
         try:
             first = st.snapshot is None and st.refs is None
             changed = first or self._reread()
@@ -896,7 +927,7 @@ class _Loop:
                     cand, source = self._reusable()
                     self._adopt(cand, f"reused from {source}, re-validated here (no model "
                                       f"call)")
-                    st.pending = "judge"
+                    self._settle("judge")
                     if self._judge():
                         return self._stable()
                     return self._loop_on()
@@ -908,18 +939,20 @@ class _Loop:
                     # the current candidate is this context's first: it must not come back
                     st.fingerprints[_fingerprint(st.candidate)] = st.revision
                     st.fingerprints["n:" + _repeat_fp(self.node, st.candidate)] = st.revision
-                    st.pending = "revalidate"
+                    self._settle("revalidate")
                     self._validate(resume="revalidate")
             elif st.pending == "generate":
                 # the last pass set a generator call aside: it goes on where it stopped
                 return self._loop_on()
             elif st.pending == "judge":
                 # the last pass set the validation of a new candidate aside
+                self._settle("judge")
                 if self._judge():
                     return self._stable()
                 return self._loop_on()
             elif st.pending == "revalidate":
                 # the last pass set the re-validation of the current candidate aside
+                self._settle("revalidate")
                 self._validate()
             elif st.damped and st.failed is not None:
                 # withdrawn too often in this context: it stays withdrawn until the context
@@ -955,11 +988,17 @@ class _Loop:
             return self._loop_on()
         except _Escalated as e:
             return e.value
-        except _Deferred:
-            deferred = True
-            raise
         except BaseException as e:
-            if not isinstance(e, Exception):
+            if not self.settled and not isinstance(e, Exception):
+                # Ctrl-C (or a deferral) while the run switches over to a new context (or
+                # decides where to go on): the switch is undone as a whole -- the next run
+                # sees the same change and makes it again. Left half made, the node would
+                # take the old candidate as re-validated in the new context.
+                _put_back(st, self.undo)
+                unrun = True
+            elif isinstance(e, _Deferred):
+                deferred = True
+            elif not isinstance(e, Exception):
                 # Ctrl-C (or SystemExit) anywhere in the loop (normalize, apply, an event
                 # callback): as for an interrupted generator call, the store keeps its last
                 # record, and an attempt left without a candidate says why
@@ -969,7 +1008,10 @@ class _Loop:
                     a.note = f"interrupted: {type(e).__name__}"
             raise
         finally:
-            if self.cut_short and not deferred:
+            self.undo = None
+            if unrun:
+                pass
+            elif self.cut_short and not deferred:
                 # stopped right at a generator call (rt.halt, or the call raised): the next
                 # run goes on from there and generates (st.pending stays "generate"), even if
                 # nothing changes meanwhile -- a node with nothing to validate with must not
@@ -986,6 +1028,13 @@ class _Loop:
                 self._keep(save=False)
             # else: set aside while re-reading (a dependency waits for its own run). Nothing
             # was looked at: the snapshot stays as it was, so the next pass sees the change.
+
+    def _settle(self, pending: str) -> None:
+        """The run has switched over: from here it goes on at ``pending`` (what a pass that
+        sets it aside, or an interrupt, leaves for the next run), and nothing is undone."""
+        self.st.pending = pending
+        self.settled = True
+        self.undo = None
 
     def _withdrawn_now(self) -> bool:
         """Was the current candidate NACKed from outside (rt.nack, a Reject)?"""
@@ -1006,21 +1055,22 @@ class _Loop:
         """Make ``cand`` the next revision without a model call (reused, or supplied by
         on_failure); it is validated like any other."""
         st = self.st
-        st.revision += 1
         fp = _repeat_fp(self.node, cand)
+        basis = self._basis()
+        st.revision += 1
         st.fingerprints.setdefault(_fingerprint(cand), st.revision)
         st.fingerprints.setdefault("n:" + fp, st.revision)
         st.values[st.revision] = cand
         st.candidate, st.has_candidate = cand, True
         st.base = 0
         st.attempts.append(_Attempt(st.revision, fp[:18], (), [], 0, 0.0, 0.0, note))
-        st.generated_under = self._basis()
+        st.generated_under = basis
 
     def _loop_on(self) -> Any:
         """Generate, validate, decide, until accepted or a stop condition holds."""
         st = self.st
         while True:
-            st.pending = "generate"   # where a pass that sets this run aside resumes
+            self._settle("generate")   # where a pass that sets this run aside resumes
             stop = self._over_budget()
             if stop:
                 self._fail(stop)
@@ -1031,20 +1081,29 @@ class _Loop:
                 st.attempts[-1].note = f"same as revision {st.fingerprints[fp]}"
                 self._fail("oscillation", repeated=st.fingerprints[fp])
             nfp = "n:" + _repeat_fp(self.node, cand)
-            # the same after normalize: validated (it may pass where the other failed);
-            # rejected, it is a repetition (see _judge)
-            st.near = st.fingerprints.get(nfp, 0)
-            st.revision += 1
-            st.patch_nack = None
-            st.fingerprints[fp] = st.revision
-            st.fingerprints.setdefault(nfp, st.revision)
-            st.values[st.revision] = cand
-            st.candidate, st.has_candidate = cand, True
-            st.base = 0
-            st.attempts[-1].revision = st.revision
-            st.attempts[-1].fingerprint = fp[:18]
-            st.generated_under = self._basis()
-            st.pending = "judge"
+            basis = self._basis()
+            # the new revision is recorded as a whole, with where the run goes on: an
+            # interrupt halfway undoes it (the next run generates again; a fingerprint
+            # recorded without its revision would make that an "oscillation")
+            undo = _switch_state(st)
+            try:
+                # the same after normalize: validated (it may pass where the other failed);
+                # rejected, it is a repetition (see _judge)
+                st.near = st.fingerprints.get(nfp, 0)
+                st.revision += 1
+                st.patch_nack = None
+                st.fingerprints[fp] = st.revision
+                st.fingerprints.setdefault(nfp, st.revision)
+                st.values[st.revision] = cand
+                st.candidate, st.has_candidate = cand, True
+                st.base = 0
+                st.attempts[-1].revision = st.revision
+                st.attempts[-1].fingerprint = fp[:18]
+                st.generated_under = basis
+                st.pending = "judge"
+            except BaseException:
+                _put_back(st, undo)
+                raise
             if self._judge():
                 return self._stable()
 
@@ -1880,11 +1939,50 @@ class _Loop:
         if rec is not None:
             a = st.attempts[-1]
             a.rationale, a.hypothesis, a.patch = str(rec.rationale), str(rec.hypothesis), rec.patch
-        st.pending = "judge"
+        self._settle("judge")
         if self._judge():
             raise _Escalated(self._stable())
         # rejected: stop with the reason the loop had (on_failure is asked once per budget)
         self._fail(exc.reason)
+
+
+# what an interrupted switch of a node's state undoes (_Loop.run: a new context, a fresh
+# budget, a reused or escalated candidate, a stop; _Loop._loop_on: a new revision)
+_SWITCHED = ("pending", "spot_due", "pass_cut", "ledger", "made_under", "epoch", "evidence",
+             "fingerprints", "status", "withdrawals", "damped", "spent_attempts",
+             "spent_tokens", "spent_cost", "started", "stale_streak", "failed", "failed_events",
+             "below", "escalated", "warned", "revision", "candidate", "has_candidate", "base",
+             "generated_under", "near", "patch_nack", "regressions", "regression_src")
+_switched = operator.attrgetter(*_SWITCHED)
+_SWITCHED_COPIED = tuple(i for i, name in enumerate(_SWITCHED)    # (changed in place)
+                         if name in ("ledger", "made_under", "evidence", "fingerprints",
+                                     "warned", "regressions", "regression_src"))
+
+
+def _switch_state(st: _Node) -> tuple:
+    """The fields of ``st`` a switch changes (see _put_back), their containers copied -- but
+    for what only grows (history, attempts, values: one per revision), kept by length, so
+    that saving costs the same however long the node has lived."""
+    saved = list(_switched(st))
+    for i in _SWITCHED_COPIED:
+        saved[i] = saved[i].copy()
+    last = st.attempts[-1] if st.attempts else None
+    own = None if last is None else (last.revision, last.fingerprint, last.outcome, last.note)
+    return (saved, (st.history, len(st.history)), (st.attempts, len(st.attempts)), st.values,
+            last, own)
+
+
+def _put_back(st: _Node, undo: tuple) -> None:
+    saved, (history, nh), (attempts, na), values, last, own = undo
+    for name, v in zip(_SWITCHED, saved):
+        setattr(st, name, v)
+    del history[nh:]
+    del attempts[na:]
+    for rev in [rev for rev in values if rev > st.revision]:   # (made in the switch)
+        del values[rev]
+    st.history, st.attempts, st.values = history, attempts, values
+    if last is not None:
+        last.revision, last.fingerprint, last.outcome, last.note = own
 
 
 def _attempt_of(st: _Node, rev: int) -> _Attempt | None:

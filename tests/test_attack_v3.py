@@ -110,12 +110,6 @@ def _one_llm_node(rt, calls):
     return x, gen
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SILENT WRONG VALUE: Ctrl-C as an LLM node's generation loop begins (_Loop._loop_on, "
-    "incr/llmnodes.py, before `st.pending = \"generate\"`) leaves st.pending False; the next "
-    "run takes the old candidate (made under x=1) as re-validated under x=2, vacuously (no "
-    "validators), and serves it as up to date. Set pending before anything can raise in "
-    "run(), or mark the run cut short on any BaseException before the loop starts."))
 @pytest.mark.parametrize("where", ["_loop_on", "_new_epoch", "_fresh_budget", "_reread",
                                    "_vacuous", "_withdrawn_now"])
 def test_ctrl_c_as_a_generation_loop_begins_never_serves_the_old_contexts_candidate(where):
@@ -134,13 +128,6 @@ def test_ctrl_c_as_a_generation_loop_begins_never_serves_the_old_contexts_candid
         assert gen() == 20
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WRONG RESULT (an error for a value): Ctrl-C just after a generation was recorded "
-    "(_Loop._loop_on records st.fingerprints[fp] and the candidate, then is interrupted at "
-    "`st.generated_under = self._basis()` while st.pending is still \"generate\"): the next "
-    "run generates again, gets the same candidate and ends NotAccepted('oscillation') for a "
-    "node with no validators and a deterministic generator. Record the fingerprint and "
-    "st.pending together (or undo the half-recorded revision on BaseException)."))
 def test_ctrl_c_just_after_a_generation_is_recorded_is_not_an_oscillation():
     rt = incr.Runtime(max_workers=1)
     calls = []
@@ -214,22 +201,12 @@ def test_ctrl_c_inside_incrs_event_loop_does_not_hang_stabilize():
 # -- (2) arguments the contract2 checks let through -----------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BAD ARGUMENT ACCEPTED: Budget(max_cost=nan) / max_seconds=nan / cooldown=nan pass the "
-    "'positive number or None' check (nan < 0 is False); a nan limit never trips (cost >= nan "
-    "is False), so the budget the caller set is silently off. The validators in "
-    "incr/llmnodes.py (Budget fields) should refuse nan (math.isnan)."))
 @pytest.mark.parametrize("field", ["max_cost", "max_seconds", "cooldown"])
 def test_a_nan_budget_limit_is_refused(field):
     with pytest.raises(ValueError, match=field):
         incr.Budget(**{field: float("nan")})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BAD ARGUMENT ACCEPTED: @incr.validator(version=object()) (or a list) is taken, while "
-    "contract2 refuses the same for @incr.cell/@incr.llm: the version goes into every "
-    "context key by repr, so an object's (per-process address) makes the PASS path miss in "
-    "every new process. incr/llmnodes.py validator() should apply the cell's check."))
 @pytest.mark.parametrize("version", [object(), [1], 1.5])
 def test_a_validator_version_that_is_not_str_or_int_is_refused(version):
     with pytest.raises(TypeError, match="version"):
@@ -305,12 +282,6 @@ def test_the_trace_is_consistent_as_soon_as_a_cancelled_waiter_wakes():
 # -- (4) mutation of arguments ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BROKEN PROMISE (API.md: 'an instance runs on its own immutable copy of the arguments "
-    "... mutating an argument inside the cell never changes what that instance computes'): "
-    "an LLM node's generator gets ONE copy of its arguments for the whole loop, so the "
-    "second attempt sees what the first attempt did to them. incr/llmnodes.py _Loop should "
-    "hand each generator call a fresh copy (as the core does for each run of a cell)."))
 def test_an_llm_generators_retry_does_not_see_what_the_first_attempt_did_to_its_arguments():
     seen = []
 
@@ -330,11 +301,6 @@ def test_an_llm_generators_retry_does_not_see_what_the_first_attempt_did_to_its_
     assert seen == [[], []], seen
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BROKEN PROMISE (same rule): the validators of one candidate share one copy of the "
-    "node's arguments, so a validator that mutates them changes what the next validator "
-    "judges (v2 sees v1's append): a verdict that depends on validator order. "
-    "incr/llmnodes.py should pass each validator call its own copy."))
 def test_a_validator_does_not_see_what_another_validator_did_to_the_arguments():
     seen = []
 
@@ -1045,13 +1011,6 @@ def test_ctrl_c_while_async_work_is_registered_does_not_pin_it_to_a_dead_loop():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SILENT WRONG VALUE / FALSE FAILURE with a validator: Ctrl-C at a step of _Loop.run "
-    "(incr/llmnodes.py) before the re-validation under the new context is recorded "
-    "(_new_epoch, _reread: the old candidate, which the validator NACKs under x=2, is then "
-    "served as 'stable'; _fresh_budget, _vacuous, _fingerprint, _normal: the node ends "
-    "NotAccepted('unknown') with its validator never asked). The epoch/context switch must "
-    "be made all at once, or rolled back on BaseException."))
 @pytest.mark.parametrize("where", ["_new_epoch", "_reread", "_fresh_budget", "_vacuous",
                                    "_fingerprint", "_normal"])
 def test_ctrl_c_before_a_revalidation_never_serves_a_candidate_its_validator_rejects(where):
