@@ -548,9 +548,11 @@ async def astabilize(rt):
     """``await rt.astabilize()``: ``rt.stabilize()`` for async code. The async work of every
     observed instance runs concurrently; callbacks run once, when everything is up to date."""
     _op_enter(rt)
-    if rt.llm is not None and rt.llm.pass_budget is not None:
+    if rt.llm is not None:
         from incr import llmnodes
-        llmnodes.pass_reset(rt)   # Runtime(pass_budget=): this stabilization begins
+        llmnodes.stabilization_begins(rt)    # one PassStarted/PassFinished for all its passes
+        if rt.llm.pass_budget is not None:
+            llmnodes.pass_reset(rt)   # Runtime(pass_budget=): this stabilization begins
     early: list = []          # runs made by the async work between passes, for the report
     t0 = time.perf_counter()
     try:

@@ -202,6 +202,10 @@ cdef class Runtime:
         check_usable(self)
         if self.frames or self.stabilizing:
             raise ReentrancyError(self._reentrancy("stabilize"))
+        if self.llm is not None and not self.busy_depth:
+            # a stabilization begins (not a pass of rt.astabilize's, which holds the runtime):
+            # its first pass announces itself
+            self.llm.pass_open = False
         if self.llm is not None and (self.llm.spot or self.llm.pass_budget is not None):
             from incr import llmnodes as _llm
             if self.llm.pass_budget is not None and not self.catching:

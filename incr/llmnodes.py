@@ -409,6 +409,7 @@ class _Bookkeeping:
         self.generations = 0
         self.validations = 0
         self.listeners: tuple = ()          # rt.on_event callbacks (replaced, never mutated)
+        self.pass_open = False              # PassStarted announced, PassFinished not yet
         self.budget: Budget | None = None   # Runtime(budget=): every node together
         self.pass_budget: Budget | None = None  # Runtime(pass_budget=): per stabilize()
         self.pass_spent: list = [0, 0, 0.0, 0.0]  # calls, tokens, cost, seconds this pass
@@ -583,11 +584,25 @@ class _GraphBudget(Exception):
 
 
 def pass_started(rt) -> None:
-    """A stabilize pass begins (events.PassStarted; the core calls it when someone listens)."""
-    _emit(rt.llm, events.PassStarted("stabilize", rt.revision))
+    """A stabilize pass begins (events.PassStarted; the core calls it when someone listens).
+    One stabilization announces one start: the internal passes of one that stops for async
+    work and passes again (incr._aio.astabilize) announce none after the first."""
+    book = rt.llm
+    if book.pass_open:
+        return
+    book.pass_open = True
+    _emit(book, events.PassStarted("stabilize", rt.revision))
+
+
+def stabilization_begins(rt) -> None:
+    """rt.stabilize() / rt.astabilize() begins: its first pass announces itself (an earlier
+    stabilization that raised before announcing its end leaves nothing open)."""
+    if rt.llm is not None:
+        rt.llm.pass_open = False
 
 
 def pass_finished(rt, report, errors) -> None:
+    rt.llm.pass_open = False
     err = ""
     if errors:
         e = errors[0][1]

@@ -674,12 +674,6 @@ def test_ctrl_c_at_any_python_step_of_a_collection_graphs_pass_loses_nothing(see
 # -- (6) events -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BROKEN PROMISE (incr/events.py: PassStarted / PassFinished are 'one pass of "
-    "rt.stabilize()'): one rt.stabilize() with async LLM nodes announces PassStarted twice "
-    "and PassFinished once: each internal pass that stops for async work (_Suspend, "
-    "incr/_core_stabilize.pxi stabilize_pass -> llmnodes.pass_started) announces a start. "
-    "Announce the start once per astabilize (incr/_aio.py), or pair every start with a finish."))
 def test_one_stabilize_with_async_nodes_announces_one_pass():
     rt = incr.Runtime()
     x = rt.input("x", 1)
