@@ -82,8 +82,10 @@ def gather(*thunks):
     Inside a cell, or at top level, with work that can run concurrently (the generator calls
     of ``incr.llm`` nodes, in up to ``max_workers`` threads; an executor's runs), that work is
     gathered across all the thunks and done at once -- where calling them one after the other
-    would wait for each. The values, the dependencies recorded and the model calls made are
-    those of calling them in order: ``[t() for t in thunks]``. (Salsa's ``par_map``.)
+    would wait for each. The values and the dependencies recorded are those of calling them
+    in order: ``[t() for t in thunks]`` (Salsa's ``par_map``). The model calls are those too,
+    with one exception: a later thunk's call made concurrently is not taken back when an
+    earlier thunk fails (in order, it would never have been made).
 
     Raises the first exception a thunk raises, as calling them in order would.
 

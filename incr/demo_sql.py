@@ -1,4 +1,4 @@
-"""``incr demo``: the SQL story from MODEL.md, on a real SQLite database.
+"""``incr demo``: the SQL story of the design (docs/llm.md), on a real SQLite database.
 
 A interprets a request into a small spec, B writes SQLite SQL from the spec, C (a validator)
 runs B's SQL on prepared rows whose answers are known. The built-in scripted model first
