@@ -534,3 +534,169 @@ def test_a_loop_closed_with_incr_work_pending_does_not_pin_the_instance():
         assert slow(0) == 20
         assert asyncio.run(slow.aget(0)) == 20
     rt._check()
+
+
+# -- (8) ports of Salsa's cancellation tests (salsa-rs/salsa, Apache-2.0 OR MIT) ----------------
+
+
+def test_salsa_cancellation_token_recomputes_a_waiter_gets_the_value_when_the_runner_is_cancelled():
+    """Port of salsa tests/parallel/cancellation_token_recomputes.rs: a(), through b(), is
+    computed by task 1 and blocks; task 2 demands a() too (single flight: it waits); task 1 is
+    cancelled. Task 1 gets the cancellation, task 2 gets the value, and b() ran once or twice
+    (once if the run goes on for the remaining waiter), never with a half-recorded trace."""
+    rt = incr.Runtime()
+    runs = []
+
+    async def main():
+        started, release = asyncio.Event(), asyncio.Event()
+
+        @incr.cell
+        async def c():
+            return 1
+
+        @incr.cell
+        async def b():
+            runs.append("b")
+            started.set()
+            await release.wait()
+            return await c()
+
+        @incr.cell
+        async def a():
+            return await b()
+
+        with rt:
+            t1 = asyncio.ensure_future(a.aget())
+            await started.wait()
+            t2 = asyncio.ensure_future(a.aget())
+            for _ in range(5):
+                await asyncio.sleep(0)          # t2 is waiting on t1's run
+            t1.cancel()
+            release.set()
+            async with asyncio.timeout(10):
+                r = await asyncio.gather(t1, t2, return_exceptions=True)
+            rt._check()
+            assert isinstance(r[0], asyncio.CancelledError)
+            assert r[1] == 1
+            assert await a.aget() == 1
+        return len(runs)
+
+    assert asyncio.run(main()) in (1, 2)
+    rt._check()
+
+
+def test_salsa_cancellation_token_multi_blocked_every_other_waiter_gets_the_value():
+    """Port of salsa tests/parallel/cancellation_token_multi_blocked.rs: three tasks wait on
+    one run; the first is cancelled; the other two get the value."""
+    rt = incr.Runtime()
+
+    async def main():
+        started, release = asyncio.Event(), asyncio.Event()
+
+        @incr.cell
+        async def slow():
+            started.set()
+            await release.wait()
+            return 7
+
+        with rt:
+            ts = [asyncio.ensure_future(slow.aget())]
+            await started.wait()
+            ts += [asyncio.ensure_future(slow.aget()) for _ in range(2)]
+            for _ in range(5):
+                await asyncio.sleep(0)
+            ts[0].cancel()
+            release.set()
+            async with asyncio.timeout(10):
+                r = await asyncio.gather(*ts, return_exceptions=True)
+            rt._check()
+            assert isinstance(r[0], asyncio.CancelledError) and r[1:] == [7, 7]
+
+    asyncio.run(main())
+    rt._check()
+
+
+@pytest.mark.parametrize("drive", ["thread", "task"])
+def test_salsa_parallel_cancellation_a_set_during_a_run_is_the_next_revision(drive):
+    """Port of salsa tests/parallel/parallel_cancellation.rs. In Salsa, setting an input while
+    another thread computes cancels that computation (PendingWrite). incr's rule instead
+    (CONCURRENCY.md rule 1): the run in flight finishes on revision R, the set forms R+1, and
+    the next pass recomputes. a1 blocks until the set was made; its result is from R; the next
+    stabilize gives R+1's value, with a1 run exactly twice."""
+    rt = incr.Runtime()
+    inp = rt.input("field", 1)
+    runs = []
+    hold, made = threading.Event(), threading.Event()
+
+    if drive == "thread":
+        @incr.cell
+        def a1():
+            v = inp.get()
+            runs.append(v)
+            if len(runs) == 1:
+                hold.set()
+                made.wait(10)
+            return (v, inp.get())
+
+        def setter():
+            hold.wait(10)
+            inp.set(2)
+            made.set()
+    else:
+        @incr.cell
+        async def a1():
+            v = inp.get()
+            runs.append(v)
+            if len(runs) == 1:
+                hold.set()
+                while not made.is_set():
+                    await asyncio.sleep(0.005)
+            return (v, inp.get())
+
+        def setter():
+            hold.wait(10)
+            inp.set(2)                           # from another thread, mid-await
+            made.set()
+
+    o = rt.observe(a1)
+    t = threading.Thread(target=setter)
+    t.start()
+    rt.stabilize()
+    t.join(10)
+    rt._check()
+    assert runs[0] == 1
+    rt.stabilize()
+    rt._check()
+    assert o.value == (2, 2) and runs == [1, 2]
+
+
+def test_salsa_cycle_a_t1_b_t2_across_tasks_is_a_cycle_error_not_a_deadlock():
+    """Port of salsa tests/parallel/cycle_a_t1_b_t2.rs (without fixpoint: incr has no cycle
+    recovery): task 1 computes a() which needs b(); task 2 computes b() which needs a(); both
+    have started before either asks. One of them gets CycleError naming the cycle; nothing
+    hangs, and the trace is consistent."""
+    rt = incr.Runtime()
+
+    async def main():
+        a_in, b_in = asyncio.Event(), asyncio.Event()
+
+        @incr.cell
+        async def a():
+            a_in.set()
+            await b_in.wait()
+            return await b() + 1
+
+        @incr.cell
+        async def b():
+            b_in.set()
+            await a_in.wait()
+            return await a() + 1
+
+        with rt:
+            async with asyncio.timeout(10):
+                r = await asyncio.gather(a.aget(), b.aget(), return_exceptions=True)
+        return r
+
+    r = asyncio.run(main())
+    assert any(isinstance(e, incr.CycleError) for e in r), r
+    rt._check()
