@@ -700,3 +700,79 @@ def test_salsa_cycle_a_t1_b_t2_across_tasks_is_a_cycle_error_not_a_deadlock():
     r = asyncio.run(main())
     assert any(isinstance(e, incr.CycleError) for e in r), r
     rt._check()
+
+
+# -- (9) m.update is one revision: all or nothing -----------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "m.update(mapping, delete=...) with a key of another kind than the map's (a str, a tuple "
+    "or None among ints) raises TypeError only when it reaches that key: the keys before it "
+    "are already set (a revision is committed) and delete= is not applied, a half-applied "
+    "update on bad input. incr/collections.py InputMap.update checks NaN up front (_key_kind) "
+    "but the kind check is in _put (MapBase._check_kind); it should check every key's kind "
+    "before changing anything"))
+@pytest.mark.parametrize("bad", ["x", (1, 2), None])
+def test_an_update_with_a_key_of_another_kind_changes_nothing(bad):
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {1: 1, 2: 2})
+    total = m.sum()
+    with rt:
+        assert total() == 3
+    rev = rt.revision
+    with pytest.raises(TypeError):
+        m.update({1: 100, 3: 3, bad: 5}, delete=[2])
+    assert dict(m.items()) == {1: 1, 2: 2} and rt.revision == rev
+    with rt:
+        assert total() == 3
+    rt._check()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a Ctrl-C inside m.update(...) (at a line of incr/collections.py InputMap.update, between "
+    "two keys) leaves the update half-applied: some keys set, the deletes not done, committed "
+    "as a revision; api.md promises 'm.update(mapping) (one revision)'. The derived maps and "
+    "folds stay consistent with what was applied; the update should be all or nothing "
+    "(apply the keys in a step that a KeyboardInterrupt cannot split, or undo on the way out)"))
+def test_ctrl_c_inside_an_update_applies_all_of_it_or_nothing():
+    before = {i: i for i in range(5)}
+    after = {0: 0, 1: 100, 4: 4, 7: 70}
+    n, partial = 1, []
+    while True:
+        rt = incr.Runtime()
+        m = incr.input_map(rt, "m", before)
+        mm = m.map(lambda k, v: v * 10)
+        obs = [rt.observe(x) for x in (mm.sum(), m.count(), mm)]
+        rt.stabilize()
+        count = [0]
+
+        def tracer(frame, event, arg, count=count, n=n):
+            if frame.f_code.co_filename.endswith(os.path.join("incr", "collections.py")):
+                if event == "line":
+                    count[0] += 1
+                    if count[0] == n:
+                        raise KeyboardInterrupt
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            m.update({1: 100, 7: 70}, delete=[2, 3])
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            sys.settrace(None)
+        rt._check()
+        d = dict(m.items())
+        rt.stabilize()
+        rt._check()
+        # whatever was applied, what is derived from it is right
+        assert obs[0].value == sum(v * 10 for v in d.values()) and obs[1].value == len(d)
+        assert dict(obs[2].value) == {k: v * 10 for k, v in d.items()}
+        if d not in (before, after):
+            partial.append((n, d))
+        if not interrupted:
+            break
+        n += 1
+    assert n > 5                                  # the interrupts did reach update's lines
+    assert partial == []
