@@ -879,3 +879,47 @@ def test_an_operator_making_tuple_keys_that_cannot_be_ordered_names_itself(op):
         with pytest.raises((TypeError, ValueError), match=op):
             list(out().keys())
     rt._check()
+
+
+# -- (12) garbage arguments: clear errors naming the argument -----------------------------------
+
+
+def _garbage_cases():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {"a": 1})
+
+    @incr.cell
+    def c(x):
+        return x
+
+    def node(**kw):
+        return incr.llm(**kw)(lambda q, *, previous=None, feedback=(): q)
+
+    return {
+        # name: (call, what the message must name)
+        "Runtime(max_workers=True)": (lambda: incr.Runtime(max_workers=True), "max_workers"),
+        "Runtime(max_concurrency=True)": (lambda: incr.Runtime(max_concurrency=True),
+                                          "max_concurrency"),
+        "m.top_k(True)": (lambda: m.top_k(True), "top_k"),
+        "m.top_k(2, key=5)": (lambda: m.top_k(2, key=5), "key"),
+        "incr.llm(validators=5)": (lambda: node(validators=5), "validators"),
+        "cell.map(5)": (lambda: c.map(5), "map"),
+        "m.get([1])": (lambda: m.get([1]), "'m'"),
+    }
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "garbage accepted or refused with a message that names nothing: Runtime(max_workers=True) "
+    "/ max_concurrency=True are taken as 1 (Budget refuses True); m.top_k(True) is top_k(1); "
+    "m.top_k(2, key=5) is accepted and fails at the first run with \"'int' object is not "
+    "callable\"; incr.llm(validators=5) and cell.map(5) say \"'int' object is not iterable\"; "
+    "m.get([1]) says \"unhashable type: 'list'\" (m.set / m.delete name the map). api.md: 'Bad "
+    "arguments raise TypeError or ValueError with a message naming the cell (or function) and "
+    "the argument' (incr/_core_runtime.pxi Runtime.__init__, incr/collections.py top_k/get, "
+    "incr/llmnodes.py llm, incr/_core_context.pxi Cell.map)"))
+@pytest.mark.parametrize("name", list(_garbage_cases()))
+def test_garbage_is_refused_at_once_with_a_message_naming_the_argument(name):
+    call, names = _garbage_cases()[name]
+    with pytest.raises((TypeError, ValueError)) as ei:
+        call()
+    assert names in str(ei.value), str(ei.value)
