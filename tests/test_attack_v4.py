@@ -965,3 +965,38 @@ def test_an_input_map_set_from_an_event_callback_is_not_seen_by_the_pass_in_flig
     rt.stabilize()
     rt._check()
     assert o.value == ({"a": "a=0", "b": "b=7"}, 7, 5)
+
+
+# -- (13) asyncio.to_thread inside an async cell -------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "`await asyncio.to_thread(sync_cell)` inside an async cell (the usual way not to block the "
+    "loop with sync work) raises IncrError 'this incr.Runtime is computing in another thread'. "
+    "CONCURRENCY.md rule 4 names exactly this case: 'each asyncio task and each worker thread "
+    "(contexts are copied into asyncio.to_thread and run_in_executor) records into its own "
+    "frame... a worker thread hands its reads and its result back'; api.md's 'Threads and "
+    "processes' only excepts stabilize()'s and gather's workers. Either the worker's demand "
+    "should be handed to the pass's thread (rule 4), or api.md should say to_thread is refused"))
+def test_a_sync_cell_demanded_through_asyncio_to_thread_inside_an_async_cell():
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+
+    @incr.cell
+    def times_ten():
+        return x.get() * 10
+
+    @incr.cell
+    async def outer():
+        return await asyncio.to_thread(times_ten) + 1
+
+    async def main():
+        with rt:
+            async with asyncio.timeout(10):
+                return await outer.aget()
+
+    assert asyncio.run(main()) == 11
+    rt._check()
+    x.set(2)
+    assert asyncio.run(main()) == 21
+    rt._check()
