@@ -1027,3 +1027,38 @@ def test_mutating_a_cells_returned_value_does_not_change_what_its_readers_comput
         assert lst() == [0, 1]
         assert total() == 1
     rt._check()
+
+
+# -- (14) depth of an async first-time demand ----------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a first-time demand through a chain of async cells fails with RecursionError at depth "
+    "~246 (await cell.aget() and a plain call alike), where the same chain of plain coroutines "
+    "reaches ~988 and sync incr cells ~996: each async level costs about four Python frames "
+    "(incr/_aio.py ademand/arun/_Stepper.__await__/go). api.md: 'A first-time demand nests like "
+    "the Python calls it is made of'; at depth 600 (well inside Python's limit for the plain "
+    "coroutines) it should give the value"))
+@pytest.mark.parametrize("drive", ["aget", "sync"])
+def test_a_chain_of_600_async_cells_nests_like_the_coroutines_it_is_made_of(drive):
+    n = 600
+
+    async def plain(i):
+        return 0 if i == 0 else await plain(i - 1) + 1
+
+    assert asyncio.run(plain(n)) == n           # plain Python manages it
+
+    rt = incr.Runtime()
+
+    @incr.cell
+    async def chain(i):
+        return 0 if i == 0 else await chain(i - 1) + 1
+
+    async def main():
+        with rt:
+            return await chain.aget(n)
+
+    with rt:
+        got = asyncio.run(main()) if drive == "aget" else chain(n)
+    assert got == n
+    rt._check()
