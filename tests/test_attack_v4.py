@@ -1174,3 +1174,47 @@ def test_ctrl_c_inside_a_change_never_leaves_a_reader_by_key_stale(op):
         n += 1
     assert n > 3
     assert stale == []
+
+
+# -- (16) a collection of another runtime -------------------------------------------------------
+
+
+def test_an_input_of_another_runtime_is_refused():
+    """(Held: the reference behaviour for the collection test below.)"""
+    rt1, rt2 = incr.Runtime(), incr.Runtime()
+    x2 = rt2.input("x", 1)
+
+    @incr.cell
+    def c():
+        return x2.get()
+
+    with rt1:
+        with pytest.raises(IncrError, match="another runtime"):
+            c()
+    rt1._check()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a cell of runtime 1 that reads a fold and an input map of runtime 2 (tot2(), m2.get('a')) "
+    "is computed without complaint, and after m2.set('a', 5) it still returns the old 2 at "
+    "the next demand (from scratch: 10): a silent stale value. An Input of another runtime is "
+    "refused with IncrError 'belongs to another runtime'; incr/collections.py InputMap.get / "
+    "Fold.__call__ (and map reads) should check the running runtime the same way"))
+def test_a_collection_of_another_runtime_is_refused_or_tracked():
+    rt1, rt2 = incr.Runtime(), incr.Runtime()
+    m2 = incr.input_map(rt2, "m", {"a": 1})
+    tot2 = m2.sum()
+
+    @incr.cell
+    def c():
+        return tot2() + m2.get("a")
+
+    with rt1:
+        try:
+            first = c()
+        except IncrError:
+            return                                  # refused: fine
+        assert first == 2
+        m2.set("a", 5)
+        assert c() == 10
+    rt1._check()
