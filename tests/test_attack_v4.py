@@ -1218,3 +1218,100 @@ def test_a_collection_of_another_runtime_is_refused_or_tracked():
         m2.set("a", 5)
         assert c() == 10
     rt1._check()
+
+
+# -- (17) anyio cancel scopes around incr's awaits ------------------------------------------------
+
+
+def _cancel_astabilize_with(make_scope):
+    """Cancels ``await rt.astabilize()`` (and ``await a.aget(2)``) with a scope at several
+    delays; returns the invariant failures seen right after each cancelled await and whether
+    the values were right afterwards."""
+    broken, wrong = [], []
+    for delay in (0, 0.002, 0.005, 0.008, 0.02):
+        rt = incr.Runtime()
+        xs = [rt.input(f"x{i}", i) for i in range(3)]
+
+        @incr.cell
+        async def a(i):
+            await asyncio.sleep(0.003 * (i + 1))
+            return xs[i].get() + 1
+
+        @incr.cell
+        async def b():
+            return sum(await asyncio.gather(*[a(i) for i in range(3)]))
+
+        o = rt.observe(b)
+
+        async def main():
+            with rt:
+                for what in ("astabilize", "aget"):
+                    xs[0].set(xs[0].get() + 10)
+                    async with make_scope(delay):
+                        if what == "astabilize":
+                            await rt.astabilize()
+                        else:
+                            await a.aget(2)
+                    try:
+                        rt._check()
+                    except AssertionError as e:
+                        broken.append((delay, what, str(e).splitlines()[1:]))
+                    async with asyncio.timeout(10):
+                        await rt.astabilize()
+                    if o.value != sum(x.get() + 1 for x in xs):
+                        wrong.append((delay, what, o.value))
+
+        anyio.run(main) if make_scope is not _asyncio_scope else asyncio.run(main())
+        rt._check()
+    return broken, wrong
+
+
+class _AnyioScope:
+    def __init__(self, delay):
+        self.scope = anyio.move_on_after(delay)
+
+    async def __aenter__(self):
+        self.scope.__enter__()
+
+    async def __aexit__(self, *exc):
+        return self.scope.__exit__(*exc)
+
+
+class _asyncio_scope:
+    def __init__(self, delay):
+        self.t = asyncio.timeout(delay)
+
+    async def __aenter__(self):
+        await self.t.__aenter__()
+
+    async def __aexit__(self, *exc):
+        try:
+            return await self.t.__aexit__(*exc)
+        except TimeoutError:
+            return True
+
+
+try:
+    import anyio
+except ImportError:                                  # pragma: no cover - a test extra
+    anyio = None
+
+
+def test_asyncio_timeout_around_astabilize_leaves_the_trace_consistent():
+    """(Held.)"""
+    assert _cancel_astabilize_with(_asyncio_scope) == ([], [])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "an anyio cancel scope (anyio.move_on_after, as FastAPI/Starlette code uses) that cancels "
+    "`await rt.astabilize()` leaves async work marked running after astabilize has returned "
+    "(rt._check(): 'I6: b() is marked running or verifying', a(2) too), which "
+    "asyncio.timeout at the same points does not: anyio cancels again at every await of the "
+    "cancelled task, so incr's wait for the orphaned work to unwind (incr/_aio.py do_works) is "
+    "itself cancelled and the pass returns with a task outliving it (CONCURRENCY.md rule 6). "
+    "The next pass recovers (values right); the wait should be shielded from re-cancellation"))
+def test_an_anyio_cancel_scope_around_astabilize_leaves_the_trace_consistent():
+    assert anyio is not None, "anyio is installed with the test extras"
+    broken, wrong = _cancel_astabilize_with(_AnyioScope)
+    assert wrong == []
+    assert broken == []
