@@ -1394,3 +1394,283 @@ def test_after_a_cancelled_async_map_pass_and_its_loop_ending_stabilize_works_at
     rt.stabilize()
     assert o.value == 220
     rt._check()
+
+
+# -- (18) attacks that found nothing (pinned) ----------------------------------------------------
+
+
+def test_random_cancellation_of_astabilize_then_a_pass_gives_from_scratch_values():
+    """(Held.) Async cells in a diamond, a sync cell gathering them; astabilize cancelled
+    after a random number of loop steps, then a full pass: values equal plain evaluation."""
+    def expect(vals):
+        a = [v + 1 for v in vals]
+        b = [a[i] + a[(i + 1) % 3] for i in range(3)]
+        return b + [b[0] * 2 + b[1]]
+
+    for seed in range(12):
+        rng = random.Random(seed)
+        rt = incr.Runtime()
+        xs = [rt.input(f"x{i}", i) for i in range(3)]
+
+        @incr.cell
+        async def a(i):
+            await asyncio.sleep(0)
+            v = xs[i].get()
+            await asyncio.sleep(0)
+            return v + 1
+
+        @incr.cell
+        async def b(i):
+            return sum(await asyncio.gather(a(i), a((i + 1) % 3)))
+
+        @incr.cell
+        async def d():
+            return (await b(0)) * 2 + (await b(1))
+
+        obs = [rt.observe(b, i) for i in range(3)] + [rt.observe(d)]
+        vals = [0, 1, 2]
+
+        async def main():
+            with rt:
+                for _ in range(5):
+                    i, v = rng.randrange(3), rng.randrange(100)
+                    xs[i].set(v)
+                    vals[i] = v
+                    t = asyncio.ensure_future(rt.astabilize())
+                    for _ in range(rng.randrange(8)):
+                        await asyncio.sleep(0)
+                    t.cancel()
+                    try:
+                        await t
+                    except asyncio.CancelledError:
+                        pass
+                    rt._check()
+                    async with asyncio.timeout(10):
+                        await rt.astabilize()
+                    rt._check()
+                    assert [o.value for o in obs] == expect(vals)
+
+        asyncio.run(main())
+
+
+def test_two_astabilize_in_one_taskgroup_and_sets_from_many_handlers():
+    """(Held.) FastAPI-style: many handlers each set an input and await astabilize at once;
+    each sees its own write, and the trace stays consistent."""
+    rt = incr.Runtime()
+    xs = [rt.input(f"x{i}", 0) for i in range(4)]
+    rng = random.Random(1)
+
+    @incr.cell
+    async def val(i):
+        await asyncio.sleep(rng.random() * 0.003)
+        return xs[i].get()
+
+    obs = [rt.observe(val, i) for i in range(4)]
+    missed = []
+
+    async def handler(i, v):
+        xs[i].set(v)
+        await rt.astabilize()
+        if xs[i].get() == v and obs[i].value != v:
+            missed.append((i, v, obs[i].value))
+
+    async def main():
+        with rt:
+            async with asyncio.timeout(20):
+                for _ in range(8):
+                    async with asyncio.TaskGroup() as tg:
+                        for _ in range(5):
+                            tg.create_task(handler(rng.randrange(4), rng.randrange(1000)))
+                    rt._check()
+                    await rt.astabilize()
+                    assert [o.value for o in obs] == [x.get() for x in xs]
+
+    asyncio.run(main())
+    assert missed == []
+    rt._check()
+
+
+def test_halt_from_another_thread_and_from_a_signal_handler_mid_call():
+    """(Held.) rt.halt while a sync generator is in its call (from a thread that waits for the
+    calls to start, and from SIGALRM): NotAccepted('halted'), no call after the halt, the trace
+    consistent; after resume the same demand finishes."""
+    rt = incr.Runtime(max_workers=2)
+    calls = []
+    gate = threading.Barrier(3, timeout=10)
+
+    @incr.llm(version="1")
+    def gen(i, *, previous=None, feedback=()):
+        calls.append(i)
+        if len(calls) <= 2:
+            gate.wait()
+        return f"c{i}"
+
+    @incr.cell
+    def use(i):
+        return gen(i)
+
+    obs = [rt.observe(use, i) for i in range(2)]
+
+    def halter():
+        gate.wait()
+        rt.halt("from a thread")
+
+    t = threading.Thread(target=halter)
+    t.start()
+    with pytest.raises(incr.NotAccepted) as ei:
+        rt.stabilize()
+    t.join(10)
+    assert ei.value.reason == "halted" and sorted(calls) == [0, 1]
+    rt._check()
+    rt.resume()
+    rt.stabilize()
+    rt._check()
+    assert [o.value for o in obs] == ["c0", "c1"]
+
+    if not hasattr(signal, "setitimer"):
+        return
+    rt2 = incr.Runtime()
+    n = []
+    old = signal.signal(signal.SIGALRM, lambda *a: rt2.halt("from a signal"))
+    try:
+        @incr.validator(version="1")
+        def never(c, i):
+            yield incr.NACK("c", counterexample={"n": len(n)})
+
+        @incr.llm(version="1", validators=[never], budget=incr.Budget(max_attempts=5))
+        def slow(i, *, previous=None, feedback=()):
+            n.append(i)
+            if len(n) == 1:
+                signal.setitimer(signal.ITIMER_REAL, 0.01)
+                time.sleep(0.2)
+            return f"c{len(n)}"
+
+        with rt2:
+            with pytest.raises(incr.NotAccepted) as ei:
+                slow(0)
+        assert ei.value.reason == "halted" and n == [0]
+        rt2._check()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_close_from_another_thread_or_a_signal_handler_mid_pass_is_refused():
+    """(Held.) close() and aclose() while another thread (or a signal handler in the pass's own
+    thread) computes: IncrError / ReentrancyError, the runtime open and consistent."""
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+    inside, go = threading.Event(), threading.Event()
+
+    @incr.cell
+    def a():
+        inside.set()
+        go.wait(10)
+        return x.get()
+
+    errors = []
+
+    def closer():
+        inside.wait(10)
+        for f in (rt.close, lambda: asyncio.run(rt.aclose())):
+            try:
+                f()
+            except IncrError as e:
+                errors.append(type(e).__name__)
+        go.set()
+
+    t = threading.Thread(target=closer)
+    t.start()
+    with rt:
+        assert a() == 1
+    t.join(10)
+    assert len(errors) == 2 and not rt.closed
+    rt._check()
+
+
+def test_fork_while_another_thread_awaits_incr_work():
+    """(Held.) A child forked while another thread's loop has async incr work in flight finds
+    that runtime closed with a clear IncrError; a new runtime works there; the parent's pass
+    finishes with the right value."""
+    if not hasattr(os, "fork"):
+        return
+    code = r"""
+        import asyncio, incr, os, threading
+        rt = incr.Runtime()
+        x = rt.input("x", 1)
+        inflight, release = threading.Event(), threading.Event()
+
+        @incr.cell
+        async def slow():
+            v = x.get()
+            inflight.set()
+            while not release.is_set():
+                await asyncio.sleep(0.005)
+            return v * 10
+
+        o = rt.observe(slow)
+
+        def runner():
+            async def m():
+                with rt:
+                    await rt.astabilize()
+            asyncio.run(m())
+
+        t = threading.Thread(target=runner)
+        t.start()
+        inflight.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            out = []
+            try:
+                with rt:
+                    slow()
+                out.append("no error")
+            except incr.IncrError as e:
+                out.append("IncrError" if "fork" in str(e) else str(e))
+            rt2 = incr.Runtime()
+            y = rt2.input("x", 2)
+
+            @incr.cell
+            async def s2():
+                return y.get() * 10
+
+            with rt2:
+                out.append(s2())
+            print("child", out, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        release.set()
+        t.join(10)
+        rt._check()
+        print("parent", o.value, flush=True)
+    """
+    rc, out = _subprocess(code, timeout=60)
+    assert rc == 0, out
+    assert "child ['IncrError', 20]" in out and "parent 10" in out, out
+
+
+def test_gather_raises_the_first_thunks_exception_whatever_finishes_first():
+    """(Held.) The second thunk's generator fails first (in a worker thread); gather raises
+    the first thunk's exception, as calling them in order would."""
+    rt = incr.Runtime(max_workers=4)
+    second_failed = threading.Event()
+
+    @incr.llm(version="1")
+    def gen(i, *, previous=None, feedback=()):
+        if i == 0:
+            second_failed.wait(10)
+            raise ValueError("from 0")
+        if i == 1:
+            second_failed.set()
+            raise KeyError("from 1")
+        return "ok"
+
+    @incr.cell
+    def c():
+        return incr.gather(lambda: gen(0), lambda: gen(1), lambda: gen(2))
+
+    with rt:
+        with pytest.raises(ValueError, match="from 0"):
+            c()
+    rt._check()
