@@ -1674,3 +1674,47 @@ def test_gather_raises_the_first_thunks_exception_whatever_finishes_first():
         with pytest.raises(ValueError, match="from 0"):
             c()
     rt._check()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "`with rt.batch(): x.set(10); y.set(20)` from another thread while a pass is in flight "
+    "raises ReentrancyError ('computing in another thread') and changes nothing, where the "
+    "same two sets without the batch are accepted and deferred (CONCURRENCY.md rule 1: 'a set "
+    "from outside the pass must not fail'). A thread that wants its changes applied together "
+    "has no way to make them while another thread computes; the batch should be deferred as "
+    "one revision (incr/_core_runtime.pxi Runtime.batch)"))
+def test_a_batch_from_another_thread_during_a_pass_is_the_next_revision():
+    rt = incr.Runtime()
+    x, y = rt.input("x", 1), rt.input("y", 1)
+    inside, go = threading.Event(), threading.Event()
+
+    @incr.cell
+    def a():
+        if not inside.is_set():
+            inside.set()
+            go.wait(10)
+        return x.get() + y.get()
+
+    o = rt.observe(a)
+    errors = []
+
+    def other():
+        inside.wait(10)
+        try:
+            with rt.batch():
+                x.set(10)
+                y.set(20)
+        except BaseException as e:            # noqa: BLE001 - reported by the test
+            errors.append(e)
+        finally:
+            go.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    rt.stabilize()
+    t.join(10)
+    assert errors == []
+    assert o.value == 2                       # the pass in flight saw revision R
+    rt.stabilize()
+    assert o.value == 30
+    rt._check()
