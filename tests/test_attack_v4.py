@@ -586,31 +586,41 @@ def test_salsa_cancellation_token_recomputes_a_waiter_gets_the_value_when_the_ru
 
 
 def test_salsa_cancellation_token_multi_blocked_every_other_waiter_gets_the_value():
-    """Port of salsa tests/parallel/cancellation_token_multi_blocked.rs: three tasks wait on
-    one run; the first is cancelled; the other two get the value."""
+    """Port of salsa tests/parallel/cancellation_token_multi_blocked.rs: task 1 computes
+    query_a -> query_b, which blocks; tasks 2 and 3 demand query_a and wait on task 1's run;
+    task 1 is cancelled, then query_b goes on. Tasks 2 and 3 both get 42 (query_c's value);
+    task 1 gets the cancellation."""
     rt = incr.Runtime()
 
     async def main():
         started, release = asyncio.Event(), asyncio.Event()
 
         @incr.cell
-        async def slow():
+        async def query_c():
+            return 42
+
+        @incr.cell
+        async def query_b():
             started.set()
             await release.wait()
-            return 7
+            return await query_c()
+
+        @incr.cell
+        async def query_a():
+            return await query_b()
 
         with rt:
-            ts = [asyncio.ensure_future(slow.aget())]
+            ts = [asyncio.ensure_future(query_a.aget())]
             await started.wait()
-            ts += [asyncio.ensure_future(slow.aget()) for _ in range(2)]
+            ts += [asyncio.ensure_future(query_a.aget()) for _ in range(2)]
             for _ in range(5):
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)              # tasks 2 and 3 are waiting
             ts[0].cancel()
             release.set()
             async with asyncio.timeout(10):
                 r = await asyncio.gather(*ts, return_exceptions=True)
             rt._check()
-            assert isinstance(r[0], asyncio.CancelledError) and r[1:] == [7, 7]
+            assert isinstance(r[0], asyncio.CancelledError) and r[1:] == [42, 42]
 
     asyncio.run(main())
     rt._check()
