@@ -14,7 +14,8 @@ evaluation in plain Python, and ``rt._check()`` (the trace invariants) runs afte
 Ports (named at each test): Salsa's cancellation tests (salsa-rs/salsa, tests/cancellation*.rs
 and tests/parallel/*.rs; licence: Apache-2.0 OR MIT), rewritten for incr's model (a pass that a
 newer revision supersedes, a waiter that is cancelled, a cancelled computation recording
-nothing).
+nothing); reaktiv's custom-equality test (buiapp/reaktiv, tests/test_custom_equality.py;
+licence: MIT), rewritten for incr's ``cutoff=``.
 """
 
 import asyncio
@@ -1744,4 +1745,36 @@ def test_an_input_map_refused_for_mixed_key_kinds_does_not_keep_its_name(bad):
         incr.input_map(rt, "m", bad)
     m = incr.input_map(rt, "m", {1: 1})
     assert dict(m.items()) == {1: 1}
+    rt._check()
+
+
+def test_reaktiv_computed_signal_custom_equality_as_a_cutoff():
+    """Port of reaktiv tests/test_custom_equality.py::test_computed_signal_custom_equality
+    (buiapp/reaktiv, MIT). A tolerance cutoff: 100 -> 101 recomputes the cell (10.1 is within
+    0.1 of 10.0) and does not re-run its reader; 101 -> 112 does. (reaktiv keeps the new value
+    internally; incr keeps the value its readers saw, 10.0, so no reader is ever inconsistent
+    with the value the cell reports.) Held."""
+    rt = incr.Runtime()
+    base = rt.input("base", 100)
+    runs = []
+
+    @incr.cell(cutoff=lambda old, new: abs(old - new) <= 0.1)
+    def computed():
+        runs.append("computed")
+        return base.get() / 10
+
+    @incr.cell
+    def reader():
+        runs.append("reader")
+        return computed()
+
+    o, r = rt.observe(computed), rt.observe(reader)
+    rt.stabilize()
+    assert (o.value, r.value, runs) == (10.0, 10.0, ["computed", "reader"])
+    base.set(101)
+    rt.stabilize()
+    assert runs[2:] == ["computed"] and r.value == o.value
+    base.set(112)
+    rt.stabilize()
+    assert runs[3:] == ["computed", "reader"] and o.value == r.value == 11.2
     rt._check()
