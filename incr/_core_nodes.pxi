@@ -382,7 +382,12 @@ cdef class Cell:
     def map(self, iterable):
         """``[self(*a) for a in iterable]``, demanded at once (see ``incr.gather``): each item
         is a tuple of arguments, or a single argument that is not a tuple."""
-        items = [a if type(a) is tuple else (a,) for a in iterable]
+        try:
+            it = iter(iterable)
+        except TypeError:
+            raise TypeError(f"{self.name}.map: needs an iterable of arguments (tuples, or single "
+                            f"arguments), got {iterable!r}") from None
+        items = [a if type(a) is tuple else (a,) for a in it]
         return gather(*[_Bound(self, a) for a in items])
 
     def __reduce__(self):

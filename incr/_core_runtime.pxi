@@ -36,9 +36,11 @@ cdef class Runtime:
             raise ValueError(f"Runtime: hash must be 'xxh3_128' or 'blake2b', got {hash!r}")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
             raise ValueError(f"Runtime: max_bytes must be a positive int or None, got {max_bytes!r}")
-        if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
+        if max_workers is not None and (not isinstance(max_workers, int) or isinstance(max_workers, bool)
+                                        or max_workers < 1):
             raise ValueError(f"Runtime: max_workers must be a positive int or None, got {max_workers!r}")
         if max_concurrency is not None and (not isinstance(max_concurrency, int)
+                                            or isinstance(max_concurrency, bool)
                                             or max_concurrency < 1):
             raise ValueError(f"Runtime: max_concurrency must be a positive int or None, got "
                              f"{max_concurrency!r}")

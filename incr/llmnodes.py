@@ -751,7 +751,13 @@ class LLMNode(Cell):
             raise TypeError(f"incr.llm needs a function, got {gen!r}")
         qual = getattr(gen, "__qualname__", repr(gen))
         self.gen_is_async = _is_async(gen, "incr.llm", qual)
-        validators = tuple(validators)
+        if isinstance(validators, Validator):
+            validators = (validators,)
+        try:
+            validators = tuple(validators)
+        except TypeError:
+            raise TypeError(f"incr.llm {qual}: validators must be a sequence of @incr.validator "
+                            f"functions, got {validators!r}") from None
         for v in validators:
             if not isinstance(v, Validator):
                 raise TypeError(f"incr.llm {qual}: validators must be made with "
