@@ -138,6 +138,7 @@ cdef class MapBase(NodeBase):
     cdef MapView view(self)
     cpdef _check_kind(self, object key)
     cdef object drive_one_up(self)
+    cdef bint fresh_cells(self, Runtime rt, dict up) except -1
     cdef object compute(self, Runtime rt, object key, object value)
     cdef void apply_one(self, object key, object r) except *
     cdef void track(self, Runtime rt) except *

@@ -580,3 +580,51 @@ def test_bad_mapping_or_key_names_the_map_and_changes_nothing():
         with pytest.raises(TypeError, match="'m'"):
             bad()
     assert dict(m.items()) == {"a": 1} and rt.revision == rev
+
+
+def test_cold_build_of_a_cell_map_in_one_loop():
+    # the first run of map(cell) / filter(cell) creates and runs every key's instance in one
+    # compiled loop: each instance runs once, what they read besides their arguments is
+    # tracked per key, the collector is back on afterwards, and a run that raises part-way
+    # keeps what ran (the next pass runs the key that failed and the ones not reached)
+    import gc
+    rt = incr.Runtime()
+    scale = rt.input("scale", 1)
+    bad = rt.input("bad", True)
+    m = incr.input_map(rt, "m", {i: i for i in range(50)})
+    ran, kept = [], []
+
+    @incr.cell
+    def f(k, v):
+        ran.append(k)
+        if k == 7 and bad.get():          # (only key 7 reads `bad`)
+            raise ValueError(f"key {k}")
+        return v * (scale.get() if k < 5 else 1)
+
+    @incr.cell
+    def even(k, v):
+        kept.append(k)
+        return v % 2 == 0
+
+    total = m.map(f).sum()
+    evens = m.filter(even)
+    o, oe = rt.observe(total), rt.observe(evens.count())
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="key 7"):
+        rt.stabilize()
+    assert gc.isenabled()
+    assert sorted(ran) == list(range(8))           # up to the key that raised
+    assert sorted(kept) == list(range(50)) and oe.value == 25
+    assert evens.to_dict() == {i: i for i in range(0, 50, 2)}
+    ran.clear()
+    bad.set(False)
+    rt.stabilize()
+    assert sorted(ran) == list(range(7, 50))        # 0-6 ran already: not again
+    assert o.value == sum(range(50))
+    ran.clear()
+    scale.set(3)
+    rt.stabilize()
+    assert sorted(ran) == [0, 1, 2, 3, 4]           # only the instances that read scale
+    assert o.value == sum(range(50)) + 2 * sum(range(5))
+    assert rt.extensions["incr.collections"][rt._instance(f, (3, 3), {})] == 1
+    rt._check()
