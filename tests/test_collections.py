@@ -254,6 +254,59 @@ def test_persistence_of_map_instances(tmp_path):
     assert run("w") == "XYW ['c']"
 
 
+def test_persistence_of_plain_function_map_instances(tmp_path):
+    # map(plain function) on a runtime with a store: each key's result is stored under the
+    # identity a cell of the function would have; a new process runs it for no unchanged key,
+    # and a function whose code changed runs again for every key
+    def prog(body):
+        return textwrap.dedent(f"""
+            import sys, warnings, incr
+            warnings.simplefilter("error")            # nothing here is refused by the store
+            rt = incr.Runtime(store={str(tmp_path / "store")!r})
+            ran = []
+            def shout(key, text):
+                ran.append(key)
+                return {body}
+            docs = incr.input_map(rt, "docs", {{"a": "x", "b": "y", "c": sys.argv[1]}})
+            total = docs.map(shout).reduce(lambda a, b: a + b, "")
+            lens = docs.map(lambda k, t: len(t)).sum()
+            print(total(), lens(), sorted(ran))
+            rt.close()
+        """)
+
+    def run(arg, body="text.upper()"):
+        out = subprocess.run([sys.executable, "-c", prog(body), arg], capture_output=True,
+                             text=True, check=True)
+        return out.stdout.strip()
+    assert run("z") == "XYZ 3 ['a', 'b', 'c']"
+    assert run("z") == "XYZ 3 []"
+    assert run("w") == "XYW 3 ['c']"
+    assert run("w", "text.upper() + '!'") == "X!Y!W! 3 ['a', 'b', 'c']"
+
+
+def test_plain_function_map_with_a_store_tracks_reads_per_key(tmp_path):
+    # with a store a plain function's map is a map of a cell of it: what each key's run
+    # reads is tracked per key (a change re-runs the keys that read it, not every key)
+    rt = incr.Runtime(store=tmp_path / "s")
+    scale = rt.input("scale", 1)
+    m = incr.input_map(rt, "m", {i: i for i in range(10)})
+    ran = []
+
+    def f(k, v):
+        ran.append(k)
+        return v * (scale.get() if k < 3 else 1)
+
+    o = rt.observe(m.map(f).sum())
+    rt.stabilize()
+    assert sorted(ran) == list(range(10)) and o.value == 45
+    ran.clear()
+    scale.set(2)
+    rt.stabilize()
+    assert sorted(ran) == [0, 1, 2] and o.value == 45 + 3
+    assert m.map(f)._fn.fn is m.map(f)._fn.fn       # one cell per function
+    rt.close()
+
+
 def test_docs_collections_examples_run():
     import re
     from pathlib import Path
