@@ -22,8 +22,8 @@ from heapq import heapify, heappop, heappush
 from types import CoroutineType
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
 
-from incr._core cimport (Cell, Runtime, Instance, Node, Input, demand, lookup, table_for,
-                        quiet_enter, set_input, run)
+from incr._core cimport (Cell, Runtime, Instance, Node, Input, Frame, demand, lookup,
+                        table_for, quiet_enter, set_input, run)
 from incr._core import EQUAL, IDENTITY, current
 from incr.errors import _Deferred
 
@@ -825,7 +825,7 @@ cdef class PerKeyFn:
                 if prev is not None:
                     _use(rt, <Instance>prev, -1)   # the key's instance for its old value
             return v
-        reads = rt._reads()
+        reads = (<Frame>rt.frames[len(rt.frames) - 1]).reads   # rt._reads(): the running node's
         n0 = len(reads)
         v = self.fn(*args)
         if len(reads) > n0:
@@ -1082,12 +1082,12 @@ cdef class MapBase(NodeBase):
         if self._mode == M_INPUT:
             # a consumer reads the anchor itself: an input map is up to date by construction,
             # and its own cell need not run for every change
-            return self._anchor.get()
+            return self._anchor_get()  # (Input.get, bound once: no attribute lookup per read)
         return demand(<Runtime>self._rt, self.own())
 
     cdef object drive(self):
         if self._mode == M_INPUT:
-            self._anchor.get()
+            self._anchor_get()
             self._ran_from = self._log_start + len(self._log)
             return self.view()
         if self._mode == M_OTHER:
@@ -1344,7 +1344,7 @@ cdef class InputMapBase(MapBase):
             except (TypeError, ValueError):   # not a key (unhashable, NaN): say which map
                 _key_kind(key, f"input_map {self.label!r}: set")
                 raise
-        if key in self._key_inputs:
+        if self._key_inputs and key in self._key_inputs:
             return self._set_batched(key, value)
         # one set of the anchor is one revision: no batch needed (the set raises
         # ReentrancyError inside a computation, before anything changed)
@@ -1375,7 +1375,7 @@ cdef class FoldBase(NodeBase):
         cdef Py_ssize_t i = 0
         cdef object tree = self._tree
         up.refresh()
-        if self._kindname == "count":
+        if tree is None and self._kindname == "count":
             return len(up._data)
         ulog = up._log
         ustart = up._log_start

@@ -315,6 +315,7 @@ class InputMap(IncrMap, InputMapBase):
                     _key_kind(k, f"input_map {name!r}")
         self._stamp = 0
         self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
+        self._anchor_get = self._anchor.get
         IncrMap.__init__(self, rt, name)
         self._key_inputs = {}
         self._mode = MODE_INPUT
