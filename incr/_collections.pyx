@@ -14,6 +14,7 @@ from cpython.ref cimport PyObject
 from cpython.set cimport PySet_Add
 
 cdef extern from "Python.h":
+    dict _PyDict_NewPresized(Py_ssize_t minused)   # (CPython 3.10-3.13: cpython/dictobject.h)
     int PyObject_GC_IsTracked(object o)
     void PyObject_GC_UnTrack(object o)
     int PyGC_Disable()     # (3.10+) the previous state: 1 if the collector was enabled
@@ -1141,11 +1142,13 @@ cdef class MapBase(NodeBase):
                 or rt.lent is not None or c.is_async or c.awaited or c.is_llm or c.is_effect):
             return False
         cdef dict table = table_for(rt, c)
+        cdef Py_ssize_t n = len(up)
         cdef dict uses = rt.extensions.get("incr.collections")
         if uses is None:
-            uses = rt.extensions["incr.collections"] = {}
-        cdef dict key_inst = {}
-        cdef dict data = {}
+            uses = rt.extensions["incr.collections"] = _PyDict_NewPresized(n)
+        # sized once for every key (a dict that grows to n entries copies them ~2n times)
+        cdef dict key_inst = _PyDict_NewPresized(n)
+        cdef dict data = _PyDict_NewPresized(n) if mode == M_MAP else {}
         cdef PyObject *pkey
         cdef PyObject *pval
         cdef PyObject *pu
