@@ -1315,7 +1315,11 @@ cdef class MapBase(NodeBase):
     cdef void apply_one(self, object key, object r) except *:
         if r is ABSENT:
             self.delete(key)
-            self._fn.drop(key)
+            if PyDict_GetItem((<MapBase>self._up)._data, key) == NULL:
+                # gone upstream: its instance goes too. (A key a filter leaves out is still
+                # there: its predicate instance and what it read stay, so that a change
+                # there brings the key back.)
+                self._fn.drop(key)
         else:
             self.put(key, r)
 

@@ -683,8 +683,6 @@ def test_cold_build_of_a_cell_map_in_one_loop():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason="open: filter(cell) withdraws a left-out key's predicate "
-                   "instance (MapBase.apply_one drops it like a deleted key's)")
 def test_filter_cell_reading_an_input_re_evaluates_the_keys_it_left_out():
     # a key the predicate leaves out stays in the upstream map: its predicate instance (and
     # what it read) must stay, so that a change there brings the key back (it was withdrawn
