@@ -76,7 +76,7 @@ cdef class MinMaxFold:
 # map / filter (plain function or incr cell) and of the folds is compiled here; the other
 # operators (map_keys, join, group_by) override the _compute/_apply hooks in Python.
 
-from incr._core cimport Cell, Runtime, Instance, Node, Input
+from incr._core cimport Cell, Runtime, Instance, Node, Input, Frame
 
 
 cdef class PerKeyFn:
@@ -130,6 +130,7 @@ cdef class MapBase(NodeBase):
     # an input map
     cdef public long long _stamp
     cdef public object _anchor
+    cdef public object _anchor_get     # _anchor.get, bound once
     cdef public dict _key_inputs
 
     cdef bint put(self, object key, object value) except -1
@@ -138,6 +139,7 @@ cdef class MapBase(NodeBase):
     cdef MapView view(self)
     cpdef _check_kind(self, object key)
     cdef object drive_one_up(self)
+    cdef bint fresh_cells(self, Runtime rt, dict up) except -1
     cdef object compute(self, Runtime rt, object key, object value)
     cdef void apply_one(self, object key, object r) except *
     cdef void track(self, Runtime rt) except *

@@ -12,12 +12,19 @@ from cpython.object cimport PyObject_RichCompareBool, Py_LT, Py_GT
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem, PyDict_Next
 from cpython.ref cimport PyObject
 from cpython.set cimport PySet_Add
+
+cdef extern from "Python.h":
+    dict _PyDict_NewPresized(Py_ssize_t minused)   # (CPython 3.10-3.13: cpython/dictobject.h)
+    int PyObject_GC_IsTracked(object o)
+    void PyObject_GC_UnTrack(object o)
+    int PyGC_Disable()     # (3.10+) the previous state: 1 if the collector was enabled
+    int PyGC_Enable()
 from heapq import heapify, heappop, heappush
 from types import CoroutineType
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
 
-from incr._core cimport (Cell, Runtime, Instance, Node, Input, demand, lookup, table_for,
-                        quiet_enter, set_input)
+from incr._core cimport (Cell, Runtime, Instance, Node, Input, Frame, demand, lookup,
+                        table_for, quiet_enter, set_input, run)
 from incr._core import EQUAL, IDENTITY, current
 from incr.errors import _Deferred
 
@@ -819,7 +826,7 @@ cdef class PerKeyFn:
                 if prev is not None:
                     _use(rt, <Instance>prev, -1)   # the key's instance for its old value
             return v
-        reads = rt._reads()
+        reads = (<Frame>rt.frames[len(rt.frames) - 1]).reads   # rt._reads(): the running node's
         n0 = len(reads)
         v = self.fn(*args)
         if len(reads) > n0:
@@ -1076,12 +1083,12 @@ cdef class MapBase(NodeBase):
         if self._mode == M_INPUT:
             # a consumer reads the anchor itself: an input map is up to date by construction,
             # and its own cell need not run for every change
-            return self._anchor.get()
+            return self._anchor_get()  # (Input.get, bound once: no attribute lookup per read)
         return demand(<Runtime>self._rt, self.own())
 
     cdef object drive(self):
         if self._mode == M_INPUT:
-            self._anchor.get()
+            self._anchor_get()
             self._ran_from = self._log_start + len(self._log)
             return self.view()
         if self._mode == M_OTHER:
@@ -1112,6 +1119,88 @@ cdef class MapBase(NodeBase):
         if len(reads) > n0:
             pk.note(reads, n0)
         self._install(data)
+        return True
+
+    cdef bint fresh_cells(self, Runtime rt, dict up) except -1:
+        # The cold build of map(cell) / filter(cell): the node is empty and every upstream key
+        # needs its instance. One C loop over the upstream entries: each key's instance is
+        # looked up (created) in the cell's table and, when it is new, run at once. For a new
+        # instance of a plain sync cell, with no store, executor, running-ahead or lent work
+        # in the pass, what demand() does (demand_cold -> ensure -> attempt -> run_in_stack)
+        # comes down to run(): that is what is called. Anything else -- an instance that
+        # exists already (another map of the same cell), one that failed in this pass --
+        # goes through demand(). False (nothing done) when the build must go key by key:
+        # a store (instances are looked up there), LLM or async cells, per-key state left
+        # from an earlier content.
+        cdef PerKeyFn pk = self._fn
+        cdef Cell c = <Cell>pk.fn
+        cdef int mode = self._mode
+        if (mode != M_MAP and mode != M_FILTER) or pk.ext_seen or pk.glob or pk.key_inst \
+                or pk.key_ext:
+            return False
+        if (rt.store is not None or rt.prefetch is not None or rt.executor is not None
+                or rt.lent is not None or c.is_async or c.awaited or c.is_llm or c.is_effect):
+            return False
+        cdef dict table = table_for(rt, c)
+        cdef Py_ssize_t n = len(up)
+        cdef dict uses = rt.extensions.get("incr.collections")
+        if uses is None:
+            uses = rt.extensions["incr.collections"] = _PyDict_NewPresized(n)
+        # sized once for every key (a dict that grows to n entries copies them ~2n times)
+        cdef dict key_inst = _PyDict_NewPresized(n)
+        cdef dict data = _PyDict_NewPresized(n) if mode == M_MAP else {}
+        cdef PyObject *pkey
+        cdef PyObject *pval
+        cdef PyObject *pu
+        cdef Py_ssize_t pos = 0, nt
+        cdef Instance inst
+        cdef tuple args, deps
+        cdef object key, value, v
+        cdef long long q = quiet_enter(rt)   # untracked: the node does not depend on each
+        cdef bint done = False
+        cdef bint gc_was = PyGC_Disable()
+        try:
+            while PyDict_Next(up, &pos, &pkey, &pval):
+                key = <object>pkey
+                value = <object>pval
+                args = (key, value)
+                if not PyObject_GC_IsTracked(key) and not PyObject_GC_IsTracked(value):
+                    # what the collector does at its first look at such a tuple, done now: a
+                    # cold build makes one per key, and each would be one more object for
+                    # every collection to walk
+                    PyObject_GC_UnTrack(args)
+                nt = len(table)
+                inst = lookup(rt, c, table, c.bound(args, NOKW), True)
+                if len(table) > nt:
+                    # created now: no flags, not failed, held by no map
+                    run(rt, inst)        # what ensure() does for it: attempt() -> run()
+                    v = inst.value
+                    uses[inst] = 1
+                else:
+                    v = demand(rt, inst)
+                    pu = PyDict_GetItem(uses, inst)
+                    uses[inst] = 1 if pu == NULL else <object>pu + 1
+                deps = inst.deps
+                if deps:
+                    pk.set_ext(key, deps)
+                key_inst[key] = inst
+                if mode == M_MAP:
+                    data[key] = v
+                elif v:
+                    data[key] = value
+            done = True
+        finally:
+            if gc_was:
+                PyGC_Enable()
+            rt.quiet = q
+            if not done:
+                # cut short (the cell raised, a Ctrl-C): what ran stays known per key; every
+                # key is computed again key by key at the next run (the ones that ran are hits)
+                pk.key_inst = {k: i for k, i in key_inst.items() if i is not None}
+                self._pending.update(up)
+        pk.key_inst = key_inst       # (a cell never returns a coroutine: run() refuses it)
+        self._install(data)
+        self.track(rt)               # what the instances read besides their arguments
         return True
 
     def _install(self, dict data):
@@ -1159,7 +1248,8 @@ cdef class MapBase(NodeBase):
                     raise
             return self.view()
         if seen < ustart:     # first run, or fell behind a trimmed log: everything
-            if not self._data and self._fresh_build(rt, upn._data):
+            if not self._data and (self.fresh_cells(rt, upn._data) if pk.is_cell
+                                   else self._fresh_build(rt, upn._data)):
                 self._seen = uend
                 return self.view()
             pending.update(upn._data)
@@ -1225,7 +1315,11 @@ cdef class MapBase(NodeBase):
     cdef void apply_one(self, object key, object r) except *:
         if r is ABSENT:
             self.delete(key)
-            self._fn.drop(key)
+            if PyDict_GetItem((<MapBase>self._up)._data, key) == NULL:
+                # gone upstream: its instance goes too. (A key a filter leaves out is still
+                # there: its predicate instance and what it read stay, so that a change
+                # there brings the key back.)
+                self._fn.drop(key)
         else:
             self.put(key, r)
 
@@ -1257,7 +1351,7 @@ cdef class InputMapBase(MapBase):
             except (TypeError, ValueError):   # not a key (unhashable, NaN): say which map
                 _key_kind(key, f"input_map {self.label!r}: set")
                 raise
-        if key in self._key_inputs:
+        if self._key_inputs and key in self._key_inputs:
             return self._set_batched(key, value)
         # one set of the anchor is one revision: no batch needed (the set raises
         # ReentrancyError inside a computation, before anything changed)
@@ -1288,7 +1382,7 @@ cdef class FoldBase(NodeBase):
         cdef Py_ssize_t i = 0
         cdef object tree = self._tree
         up.refresh()
-        if self._kindname == "count":
+        if tree is None and self._kindname == "count":
             return len(up._data)
         ulog = up._log
         ustart = up._log_start

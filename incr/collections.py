@@ -25,7 +25,9 @@ How it propagates (read this before changing anything here):
 
 Collection cells are never written to the store (their state lives in this process and is
 rebuilt at the first demand); the ``map`` instances they demand are ordinary cells and are
-stored and reused across processes like any other.
+stored and reused across processes like any other. On a runtime with a store, ``map`` of a
+plain function maps a cell of that function (``_stored_as_cell``: the identity a cell of it
+would have), so its per-key results are stored too; without a store it is called directly.
 """
 
 from __future__ import annotations
@@ -53,6 +55,28 @@ def _pairs(mapping: Any, where: str) -> dict:
     except (TypeError, ValueError) as e:
         raise TypeError(f"{where}: needs a mapping or an iterable of (key, value) pairs, got "
                         f"{type(mapping).__name__} {mapping!r:.60} ({e})") from None
+
+
+def _stored_as_cell(fn: Any) -> Any:
+    """The cell that stands for the plain function ``fn`` in a ``map`` on a runtime with a
+    store: its per-key results are stored and reused across processes like a cell's, under
+    the identity a cell of ``fn`` would have (``module.qualname`` and a hash of its code and
+    closure: incr.keys.cell_identity, docs/store.md). One cell per function object, kept on
+    the function (so its identity is computed once, as for a decorated function); a callable
+    that takes no attribute gets a new cell per ``map``. ``fn`` itself if it cannot be a cell.
+    """
+    c = getattr(fn, "_incr_map_cell", None)
+    if isinstance(c, Cell) and c.fn is fn:
+        return c
+    try:
+        c = Cell(fn)
+    except Exception:       # (a callable incr.cell refuses: called directly, not stored)
+        return fn
+    try:
+        fn._incr_map_cell = c
+    except (AttributeError, TypeError):
+        pass
+    return c
 
 
 def _fn_label(fn: Any) -> str:
@@ -190,6 +214,8 @@ class IncrMap(MapBase):
         if not isinstance(fn, Cell):
             # a plain function is called from sync code (an async one: @incr.cell async def)
             _refuse_async_fn(fn, f"{self.label}.map: fn (make it an @incr.cell async def)")
+            if self._rt.store_path is not None:
+                fn = _stored_as_cell(fn)
         return _MapNode(self, fn)
 
     def filter(self, pred: Callable[[Any, Any], Any]) -> IncrMap:
@@ -289,6 +315,7 @@ class InputMap(IncrMap, InputMapBase):
                     _key_kind(k, f"input_map {name!r}")
         self._stamp = 0
         self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
+        self._anchor_get = self._anchor.get
         IncrMap.__init__(self, rt, name)
         self._key_inputs = {}
         self._mode = MODE_INPUT

@@ -254,6 +254,59 @@ def test_persistence_of_map_instances(tmp_path):
     assert run("w") == "XYW ['c']"
 
 
+def test_persistence_of_plain_function_map_instances(tmp_path):
+    # map(plain function) on a runtime with a store: each key's result is stored under the
+    # identity a cell of the function would have; a new process runs it for no unchanged key,
+    # and a function whose code changed runs again for every key
+    def prog(body):
+        return textwrap.dedent(f"""
+            import sys, warnings, incr
+            warnings.simplefilter("error")            # nothing here is refused by the store
+            rt = incr.Runtime(store={str(tmp_path / "store")!r})
+            ran = []
+            def shout(key, text):
+                ran.append(key)
+                return {body}
+            docs = incr.input_map(rt, "docs", {{"a": "x", "b": "y", "c": sys.argv[1]}})
+            total = docs.map(shout).reduce(lambda a, b: a + b, "")
+            lens = docs.map(lambda k, t: len(t)).sum()
+            print(total(), lens(), sorted(ran))
+            rt.close()
+        """)
+
+    def run(arg, body="text.upper()"):
+        out = subprocess.run([sys.executable, "-c", prog(body), arg], capture_output=True,
+                             text=True, check=True)
+        return out.stdout.strip()
+    assert run("z") == "XYZ 3 ['a', 'b', 'c']"
+    assert run("z") == "XYZ 3 []"
+    assert run("w") == "XYW 3 ['c']"
+    assert run("w", "text.upper() + '!'") == "X!Y!W! 3 ['a', 'b', 'c']"
+
+
+def test_plain_function_map_with_a_store_tracks_reads_per_key(tmp_path):
+    # with a store a plain function's map is a map of a cell of it: what each key's run
+    # reads is tracked per key (a change re-runs the keys that read it, not every key)
+    rt = incr.Runtime(store=tmp_path / "s")
+    scale = rt.input("scale", 1)
+    m = incr.input_map(rt, "m", {i: i for i in range(10)})
+    ran = []
+
+    def f(k, v):
+        ran.append(k)
+        return v * (scale.get() if k < 3 else 1)
+
+    o = rt.observe(m.map(f).sum())
+    rt.stabilize()
+    assert sorted(ran) == list(range(10)) and o.value == 45
+    ran.clear()
+    scale.set(2)
+    rt.stabilize()
+    assert sorted(ran) == [0, 1, 2] and o.value == 45 + 3
+    assert m.map(f)._fn.fn is m.map(f)._fn.fn       # one cell per function
+    rt.close()
+
+
 def test_docs_collections_examples_run():
     import re
     from pathlib import Path
@@ -580,3 +633,86 @@ def test_bad_mapping_or_key_names_the_map_and_changes_nothing():
         with pytest.raises(TypeError, match="'m'"):
             bad()
     assert dict(m.items()) == {"a": 1} and rt.revision == rev
+
+
+def test_cold_build_of_a_cell_map_in_one_loop():
+    # the first run of map(cell) / filter(cell) creates and runs every key's instance in one
+    # compiled loop: each instance runs once, what they read besides their arguments is
+    # tracked per key, the collector is back on afterwards, and a run that raises part-way
+    # keeps what ran (the next pass runs the key that failed and the ones not reached)
+    import gc
+    rt = incr.Runtime()
+    scale = rt.input("scale", 1)
+    bad = rt.input("bad", True)
+    m = incr.input_map(rt, "m", {i: i for i in range(50)})
+    ran, kept = [], []
+
+    @incr.cell
+    def f(k, v):
+        ran.append(k)
+        if k == 7 and bad.get():          # (only key 7 reads `bad`)
+            raise ValueError(f"key {k}")
+        return v * (scale.get() if k < 5 else 1)
+
+    @incr.cell
+    def even(k, v):
+        kept.append(k)
+        return v % 2 == 0
+
+    total = m.map(f).sum()
+    evens = m.filter(even)
+    o, oe = rt.observe(total), rt.observe(evens.count())
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="key 7"):
+        rt.stabilize()
+    assert gc.isenabled()
+    assert sorted(ran) == list(range(8))           # up to the key that raised
+    assert sorted(kept) == list(range(50)) and oe.value == 25
+    assert evens.to_dict() == {i: i for i in range(0, 50, 2)}
+    ran.clear()
+    bad.set(False)
+    rt.stabilize()
+    assert sorted(ran) == list(range(7, 50))        # 0-6 ran already: not again
+    assert o.value == sum(range(50))
+    ran.clear()
+    scale.set(3)
+    rt.stabilize()
+    assert sorted(ran) == [0, 1, 2, 3, 4]           # only the instances that read scale
+    assert o.value == sum(range(50)) + 2 * sum(range(5))
+    assert rt.extensions["incr.collections"][rt._instance(f, (3, 3), {})] == 1
+    rt._check()
+
+
+def test_filter_cell_reading_an_input_re_evaluates_the_keys_it_left_out():
+    # a key the predicate leaves out stays in the upstream map: its predicate instance (and
+    # what it read) must stay, so that a change there brings the key back (it was withdrawn
+    # like a deleted key's, and the key never came back)
+    rt = incr.Runtime()
+    th = rt.input("th", 5)
+    m = incr.input_map(rt, "m", {i: i for i in range(10)})
+    ran = []
+
+    @incr.cell
+    def big(k, v):
+        ran.append(k)
+        return v >= th.get()
+
+    kept = m.filter(big)
+    o = rt.observe(kept.count())
+    rt.stabilize()
+    assert o.value == 5
+    th.set(2)                              # the cold build's keys
+    rt.stabilize()
+    assert o.value == 8 and sorted(kept.keys()) == list(range(2, 10))
+    m.set(0, 0)                            # (a key through the per-key path)
+    th.set(8)
+    rt.stabilize()
+    assert o.value == 2
+    ran.clear()
+    th.set(0)                              # keys left out by the per-key path come back
+    rt.stabilize()
+    assert o.value == 10 and sorted(ran) == list(range(10))
+    m.delete(3)                            # a deleted key's instance is withdrawn
+    rt.stabilize()
+    assert o.value == 9 and rt._instance(big, (3, 3), {}, False) is None
+    rt._check()

@@ -3356,10 +3356,6 @@ def test_collections_with_a_cell_persist_in_the_store(tmp_path):
     assert sorted(runs) == ["a", "b"]
 
 
-@missing("m.map(plain_function) instances are not stored: a new runtime on the same store runs "
-         "the function again for every key (only @incr.cell functions are stored, "
-         "docs/collections.md says 'a cell or LLM node per key'); fix: incr/collections.py "
-         "map (give a plain function's instances a cell identity: module, qualname, code hash)")
 def test_collections_with_a_plain_function_persist_in_the_store(tmp_path):
     """Collections persist in the store"""
     runs = []
