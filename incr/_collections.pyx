@@ -17,8 +17,6 @@ cdef extern from "Python.h":
     dict _PyDict_NewPresized(Py_ssize_t minused)   # (CPython 3.10-3.13: cpython/dictobject.h)
     int PyObject_GC_IsTracked(object o)
     void PyObject_GC_UnTrack(object o)
-    int PyGC_Disable()     # (3.10+) the previous state: 1 if the collector was enabled
-    int PyGC_Enable()
 from heapq import heapify, heappop, heappush
 from types import CoroutineType
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
@@ -1158,7 +1156,6 @@ cdef class MapBase(NodeBase):
         cdef object key, value, v
         cdef long long q = quiet_enter(rt)   # untracked: the node does not depend on each
         cdef bint done = False
-        cdef bint gc_was = PyGC_Disable()
         try:
             while PyDict_Next(up, &pos, &pkey, &pval):
                 key = <object>pkey
@@ -1190,8 +1187,6 @@ cdef class MapBase(NodeBase):
                     data[key] = value
             done = True
         finally:
-            if gc_was:
-                PyGC_Enable()
             rt.quiet = q
             if not done:
                 # cut short (the cell raised, a Ctrl-C): what ran stays known per key; every
