@@ -249,6 +249,12 @@ cdef class _Await:
     cdef int state                   # 0 not awaited yet, 1 awaiting, 2 done
 
 
+cdef class _StepTasks:
+    # the task factory of incr's own loop on a thread (_core_async.pxi)
+    cdef object frames               # the stack of the first step running in sync code on
+                                     # this thread now (its tasks compute for it), or None
+
+
 cdef enum:   # what one step of a store lookup did (_core_store.pxi)
     DONE = 0
     PUSHED = 1
@@ -303,6 +309,7 @@ cdef void run_finish(Runtime rt, Instance n, Frame f, bint had, object value,
                      long long start) except *     # an async run is recorded
 cdef void run_failed(Runtime rt, Instance n, Frame f, bint had, int invalid,
                      BaseException e) except *
+cdef object _own_loop_now(object aio)      # this thread's own loop (incr._aio._own_loop)
 cdef _Await new_await(Runtime rt, Instance n, tuple parent)
 cdef int _await_send(PyObject *o, PyObject *arg, PyObject **result) except -1   # its am_send
 

@@ -29,18 +29,61 @@ cdef extern from "Python.h":
         PyAsyncMethods *tp_as_async
 
 from cpython.contextvars cimport PyContextVar_Set, PyContextVar_Reset
-from asyncio import _set_running_loop
+from asyncio import _set_running_loop, Task as _Task
 
-cdef object _aio_tl = None     # incr._aio._tl: the thread-local that holds each thread's loop
+cdef extern from "Python.h":
+    ctypedef struct PyThreadState:
+        pass
+    PyThreadState *PyThreadState_Get()
+    unsigned long long PyThreadState_GetID(PyThreadState *t)
+
+# incr's own loop of the thread that last took a first step in sync code, and that loop's
+# task factory. A thread state's id is never reused (asyncio caches its running loop the
+# same way), so a match is this thread's loop; a closed one is replaced (incr._aio._own_loop)
+cdef unsigned long long _own_tsid = 0
+cdef object _own = None
+cdef _StepTasks _own_tasks = None
+
+
+@cython.final
+cdef class _StepTasks:
+    """The task factory of incr's own loop on a thread: a task created while a first step
+    runs in sync code (``frames`` set) computes for that step's run, as if the step had set
+    the task-frames contextvar (the tasks it spawns record their reads into its frame)."""
+
+    def __call__(self, loop, coro, **kw):
+        if self.frames is not None and kw.get("context") is None:
+            ctx = contextvars.copy_context()
+            ctx.run(_task_frames.set, self.frames)
+            kw["context"] = ctx
+        return _Task(coro, loop=loop, **kw)
+
+
+cdef object _own_loop_now(object aio):
+    # this thread's own loop (incr._aio._own_loop), its task factory a _StepTasks
+    global _own_tsid, _own, _own_tasks
+    cdef unsigned long long tsid = PyThreadState_GetID(PyThreadState_Get())
+    if tsid == _own_tsid and not _own._closed:
+        return _own
+    own = aio._own_loop()
+    tasks = own._task_factory
+    if tasks is None:
+        tasks = _StepTasks.__new__(_StepTasks)
+        own.set_task_factory(tasks)
+    _own_tsid = 0
+    _own = own
+    _own_tasks = tasks if type(tasks) is _StepTasks else None
+    _own_tsid = tsid
+    return own
 
 
 cdef bint run_async(Runtime rt, Instance n) except -1:
     cdef object aio = _aio_mod()
-    global _aio_tl
     cdef object running = _get_running_loop()
-    cdef object own, coro, token, y = None, suspended = None
+    cdef object coro, token = None, y = None, suspended = None, saved = None
+    cdef _StepTasks tasks = None
     cdef PyObject *res = NULL
-    cdef int sent
+    cdef int sent = -1
     cdef int invalid = n.flags & F_INVALID
     cdef bint had = (n.flags & F_HAS_VALUE) != 0
     cdef long long start = rt.clock
@@ -53,23 +96,22 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         # Lock or Event waiter) -- takes the running loop when it is made, and must belong to
         # the loop incr drives next (drive()), or it is bound to another loop (or refused:
         # "no running event loop") and the step that awaits it fails.
-        if _aio_tl is None:
-            _aio_tl = aio._tl
-        own = getattr(_aio_tl, "loop", None)
-        if own is None or own._closed:
-            own = aio._own_loop()
-        _set_running_loop(own)
+        _set_running_loop(_own_loop_now(aio))
+        tasks = _own_tasks
+    elif _own_tasks is not None and running is _own and _own_tasks.frames is not None:
+        tasks = _own_tasks           # nested in a first step of sync code: the same loop
     f = run_begin(rt, n)
     frames = list(rt.frames)         # the caller's stack, then n's frame: n's own stack if it
-    token = PyContextVar_Set(_task_frames, frames)   # goes on as a task, and where the tasks
-    try:                             # it spawns in this step record their reads
+    if tasks is not None:            # goes on as a task, and where the tasks it spawns in
+        saved = tasks.frames         # this step record their reads: on incr's own loop the
+        tasks.frames = frames        # loop's task factory gives it to them (no contextvar
+    else:                            # set and reset around every step)
+        token = PyContextVar_Set(_task_frames, frames)
+    try:
         coro = n.cell.invoke(_keys.own_args(n.args) if n.fresh_args else n.args)
         sent = PyIter_Send(coro, None, &res)
         y = <object>res              # (a new reference: given back below)
         Py_DECREF(y)
-        if sent == 0:                # it returned y: recorded as a sync run is
-            run_finish(rt, n, f, had, y, start)
-            return True
     except _Suspend as s:
         # a sync step inside the body (a sync cell it called, say) unwound for async work
         run_failed(rt, n, f, had, invalid, s)
@@ -80,11 +122,20 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         run_failed(rt, n, f, had, invalid, e)
         raise
     finally:
-        PyContextVar_Reset(_task_frames, token)
+        if tasks is not None:
+            tasks.frames = saved
+        else:
+            PyContextVar_Reset(_task_frames, token)
         if running is None:
             _set_running_loop(None)
     if suspended is not None:
         return aio.redo(rt, n, (<object>suspended).works)
+    if sent == 0:                    # it returned y: recorded as a sync run is
+        frames = None
+        coro = None
+        run_finish(rt, n, f, had, y, start)
+        frame_give(rt, f)            # (back to the pool if nothing else holds it)
+        return True
     return aio.went_on(rt, n, coro, y, frames, f, had, invalid, start)
 
 
@@ -171,7 +222,7 @@ cdef int _await_send(PyObject *o, PyObject *arg, PyObject **result) except -1:
     cdef _Await a = <_Await>o
     cdef Runtime rt
     cdef object works = None, v
-    cdef int sent
+    cdef int sent = -1
     if a.state == 0:
         a.state = 1
         rt = a.rt

@@ -101,8 +101,8 @@ cdef inline Frame new_frame(Runtime rt, Instance n):
 
 
 cdef Frame run_begin(Runtime rt, Instance n):
-    # push n's frame and mark it running (run, and incr._aio for an async cell)
-    cdef Frame f = new_frame(rt, n)
+    # push n's frame and mark it running (an async cell's run: run_async, incr._aio)
+    cdef Frame f = frame_take(rt, n)
     if not rt.frames:
         rt.owner = PyThread_get_thread_ident()
     rt.frames.append(f)
