@@ -41,7 +41,7 @@ from incr import _core
 from incr.errors import CycleError, IncrError, _OutOfTime, _Suspend
 
 _tl = threading.local()
-_get_running_loop = asyncio._get_running_loop   # (C functions, bound once: run_sync is hot)
+_get_running_loop = asyncio._get_running_loop   # (C functions, bound once)
 _set_running_loop = asyncio._set_running_loop
 _TASK_FRAMES = _core._task_frames_var()         # the contextvar of a task's frames
 _awaiting = _core._awaiting     # the awaitable of a demand from async code (compiled)
