@@ -181,3 +181,43 @@ def test_a_first_step_is_recorded_as_a_sync_run():
         assert bad() == 2
         assert runs["bad"] == 2
     rt._check()
+
+
+def test_each_thread_takes_its_first_steps_on_its_own_loop():
+    """The loop a first step runs on in sync code is cached (by thread state): a thread that
+    takes one after another thread did gets its own loop, never the other's."""
+    import threading
+
+    from incr import _aio
+
+    seen = {}
+    turn = [threading.Event() for _ in range(4)]
+
+    def worker(name, mine, then):
+        rt = incr.Runtime()
+        x = rt.input("x", 1)
+
+        @incr.cell
+        async def where():
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(asyncio.sleep(0))   # a task, on that loop
+            return x.get(), loop
+
+        for k in (0, 1):
+            turn[mine[k]].wait(10)
+            with rt:
+                x.set(k + 10)
+                v, loop = where()
+            seen.setdefault(name, []).append((v, loop is _aio._tl.loop, id(loop)))
+            turn[then[k]].set()
+
+    a = threading.Thread(target=worker, args=("a", (0, 2), (1, 3)))
+    b = threading.Thread(target=worker, args=("b", (1, 3), (2, 3)))
+    a.start()
+    b.start()
+    turn[0].set()
+    a.join(30)
+    b.join(30)
+    assert [v for v, _, _ in seen["a"]] == [10, 11] and [v for v, _, _ in seen["b"]] == [10, 11]
+    assert all(own for _, own, _ in seen["a"] + seen["b"])     # each on its thread's loop
+    assert {i for _, _, i in seen["a"]}.isdisjoint({i for _, _, i in seen["b"]})
