@@ -307,14 +307,38 @@ def went_on(rt, n, coro, y, frames, f, had, invalid, start) -> bool:
     goes on with a stack of its own (``frames``): as a task of the running loop (the caller
     unwinds to the nearest restart point, which waits for it), or, in sync code, on this
     thread's loop."""
-    rt._frames().pop()                  # n's frame leaves the caller's stack
-    work = Resume(n, coro, y, frames, f, had, invalid, start)
-    if loop_running():
-        rt.inflight[n] = None           # in flight: whatever else asks for it waits
-        rt.unwinding.append(work)       # until a restart point takes it (do_works)
-        raise _Suspend([work])
-    drive(work.go(rt))
+    stack = rt._frames()
+    work = suspend = None
+    try:
+        work = Resume(n, coro, y, frames, f, had, invalid, start)
+        stack.pop()                     # n's frame leaves the caller's stack
+        if loop_running():
+            rt.inflight[n] = None       # in flight: whatever else asks for it waits
+            rt.unwinding.append(work)   # until a restart point takes it (do_works)
+            suspend = _Suspend([work])
+    except BaseException:
+        # interrupted (Ctrl-C) before the run was handed on: nobody goes on with it
+        if stack and stack[-1] is f:
+            stack.pop()
+        abandon_step(rt, work or Resume(n, coro, y, frames, f, had, invalid, start))
+        raise
+    if suspend is not None:
+        raise suspend
+    try:
+        drive(work.go(rt))
+    except BaseException:
+        work.drop(rt)                   # (nothing if its run was recorded or failed)
+        raise
     return True
+
+
+def abandon_step(rt, work) -> None:
+    """A first step that had to wait and that nobody will go on with (an interrupt before
+    ``went_on`` handed it on; the core calls this if it lands as went_on begins, its frame
+    still on the caller's stack): closed, recording nothing, nothing left in flight."""
+    if rt.unwinding:
+        rt.unwinding[:] = [w for w in rt.unwinding if w is not work]
+    work.drop(rt)
 
 
 def redo(rt, n, works: list) -> bool:

@@ -136,7 +136,15 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         run_finish(rt, n, f, had, y, start)
         frame_give(rt, f)            # (back to the pool if nothing else holds it)
         return True
-    return aio.went_on(rt, n, coro, y, frames, f, had, invalid, start)
+    try:
+        return aio.went_on(rt, n, coro, y, frames, f, had, invalid, start)
+    except BaseException:
+        if rt.frames and rt.frames[len(rt.frames) - 1] is f:
+            # interrupted (Ctrl-C) as went_on began, before it took the run: nobody goes on
+            # with it (closed, recording nothing)
+            rt.frames.pop()
+            aio.abandon_step(rt, aio.Resume(n, coro, y, frames, f, had, invalid, start))
+        raise
 
 
 cdef void run_finish(Runtime rt, Instance n, Frame f, bint had, object value,

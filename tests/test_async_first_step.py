@@ -221,3 +221,78 @@ def test_each_thread_takes_its_first_steps_on_its_own_loop():
     assert [v for v, _, _ in seen["a"]] == [10, 11] and [v for v, _, _ in seen["b"]] == [10, 11]
     assert all(own for _, own, _ in seen["a"] + seen["b"])     # each on its thread's loop
     assert {i for _, _, i in seen["a"]}.isdisjoint({i for _, _, i in seen["b"]})
+
+
+def _ctrl_c_in(fn_name, text):
+    """A tracer raising KeyboardInterrupt once: on the line of ``fn_name`` that starts with
+    ``text``, or as ``fn_name`` begins (text None)."""
+    import linecache
+    import sys
+    fired = []
+
+    def tracer(frame, event, arg):
+        if fired or frame.f_code.co_name != fn_name:
+            return tracer if not fired else None
+        if (text is None and event == "call") or (
+                text is not None and event == "line" and linecache.getline(
+                    frame.f_code.co_filename, frame.f_lineno).strip().startswith(text)):
+            fired.append(frame.f_lineno)
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return tracer
+
+    return tracer, fired
+
+
+@pytest.mark.parametrize("drive,line", [
+    (d, at) for d in ("demand", "stabilize", "astabilize")
+    for at in (None,                              # as went_on begins (the core undoes it)
+               "work = Resume(", "stack.pop()")
+] + [("astabilize", "rt.inflight[n] = None"),        # async code: handed to a restart point
+     ("astabilize", "rt.unwinding.append(work)"),
+     ("demand", "drive(work.go(rt))")])             # sync code, no loop: went_on drives it
+def test_ctrl_c_where_a_first_step_is_handed_on_leaves_the_runtime_usable(drive, line):
+    import sys
+    fn_name = "went_on"
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+    runs = []
+
+    @incr.cell
+    async def leaf():
+        runs.append(x.get())
+        await asyncio.sleep(0)              # its first step waits
+        return x.get() * 3
+
+    @incr.cell
+    def mid():
+        return leaf() + 1
+
+    o = rt.observe(mid)
+
+    def go():
+        if drive == "demand":
+            with rt:
+                return mid()
+        if drive == "stabilize":
+            rt.stabilize()
+        else:
+            asyncio.run(rt.astabilize())
+        return o.value
+
+    assert go() == 4
+    x.set(2)
+    tracer, fired = _ctrl_c_in(fn_name, line)
+    old = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            go()
+    finally:
+        sys.settrace(old)
+    assert fired, f"{fn_name}: {line!r} never ran: the test no longer interrupts anything"
+    rt._check()
+    x.set(3)
+    assert go() == 10
+    assert runs[-1] == 3
+    rt._check()
