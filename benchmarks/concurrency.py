@@ -2,6 +2,7 @@
 
     python -m benchmarks.concurrency            # prints the tables, writes the JSON
     python -m benchmarks.concurrency --quick    # fewer repetitions
+    python -m benchmarks.concurrency --overhead-only   # part 3 only (no JSON written)
 
 1. Cold fan-out: 16 independent LLM nodes, each a simulated model call of ``--latency``
    seconds (default 0.2), computed from nothing, four ways: observe + ``stabilize()`` with
@@ -222,17 +223,27 @@ def main(argv=None):
     ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="only the per-cell overhead (part 3); prints one JSON line")
+    ap.add_argument("--rounds", type=int, default=None, help="overhead rounds (default 15)")
     ap.add_argument("--json", default=str(Path(__file__).with_name("results-concurrency.json")))
     a = ap.parse_args(argv)
     reps = 1 if a.quick else 3
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * a.n + 1000))
+    rounds = a.rounds or (5 if a.quick else 15)
+    if a.overhead_only:
+        oh = overhead(a.n, rounds)
+        print(json.dumps({"incr": str(Path(incr.__file__).parent), "n": a.n, "rounds": rounds,
+                          "overhead_us": {k: v * 1e6 for k, v in oh.items()},
+                          "async_over_sync": oh["async"] / oh["sync"]}))
+        return oh
     fan = {}
     for _ in range(reps):
         for k, v in fanout(a.width, a.latency).items():
             fan.setdefault(k, []).append(v)
     fan = {k: statistics.median(v) for k, v in fan.items()}
     lv = statistics.median(levels(a.latency) for _ in range(reps))
-    oh = overhead(a.n, 5 if a.quick else 15)
+    oh = overhead(a.n, rounds)
     print(f"cold fan-out: {a.width} LLM nodes x {a.latency:.2f} s (wall / one call)")
     for k, v in fan.items():
         print(f"  {k:<42} {v:6.2f} s   {v / a.latency:5.2f}x")

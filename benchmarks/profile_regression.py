@@ -32,6 +32,9 @@ Workloads (each op is one change or one demand, as named):
   noop      rt.stabilize() with 100 observed instances o(i) = x_i + 1 and nothing changed
   stab1     the same 100 observed instances: set one x_i, rt.stabilize() (one run)
   chainstab the chain of 1,000 with its tail observed: set x, rt.stabilize()
+  async     the chain of 1,000 as async cells, c_i = await c_{i-1} + 1, demanded from sync
+            code: set x, demand c_999 (all 1,000 recomputed, each finishing in its first
+            step); per op -- async / chain is the async cell's overhead per instance
   flat1     1,000 instances of a keyed cell k(i) = x + i, demanded in a flat loop from top
             level: set x, then k(0) ... k(999) (each a recomputed cell); per cell
   flat0     the same with 1,000 zero-parameter cells z_j() = x + j; per cell
@@ -54,16 +57,16 @@ import sys
 import tempfile
 import time
 
-WORKLOADS = ("chain", "hit", "cutoff", "tree", "noop", "stab1", "chainstab", "flat1", "flat0",
-             "plain1", "plain0", "lru")
+WORKLOADS = ("chain", "hit", "cutoff", "tree", "noop", "stab1", "chainstab", "async", "flat1",
+             "flat0", "plain1", "plain0", "lru")
 FLAT = 1000
 # operations measured per workload: enough that the per-op count settles, few enough for
 # callgrind (about 50x slower than native) to take seconds
 OPS_CALLGRIND = {"chain": 100, "hit": 20, "cutoff": 200, "tree": 2000, "noop": 2000,
-                 "stab1": 2000, "chainstab": 100, "flat1": 100, "flat0": 100, "plain1": 100,
+                 "stab1": 2000, "chainstab": 100, "async": 20, "flat1": 100, "flat0": 100, "plain1": 100,
                  "plain0": 100, "lru": 20}
 OPS_TIME = {"chain": 300, "hit": 60, "cutoff": 1000, "tree": 20000, "noop": 20000,
-            "stab1": 20000, "chainstab": 300, "flat1": 1000, "flat0": 1000, "plain1": 3000,
+            "stab1": 20000, "chainstab": 300, "async": 100, "flat1": 1000, "flat0": 1000, "plain1": 3000,
             "plain0": 3000, "lru": 60}
 HIT_CALLS = 10_000
 
@@ -96,13 +99,16 @@ def _helper():
 
 # -- workloads: each returns op(k), doing the k-th operation --------------------------------------
 
-def _chain(incr, rt, x, n, first):
+def _chain(incr, rt, x, n, first, is_async=False):
     prev = None
     cells = []
 
     def make(i, prev):
         if prev is None:
             fn = first
+        elif is_async:
+            async def fn():
+                return await prev() + 1
         else:
             def fn():
                 return prev() + 1
@@ -121,15 +127,18 @@ def _chain(incr, rt, x, n, first):
 def setup(name: str):
     import incr
     rt = incr.Runtime()
-    if name in ("chain", "cutoff", "chainstab"):
+    if name in ("chain", "cutoff", "chainstab", "async"):
         x = rt.input("x", 1)
         if name == "cutoff":
             def first():
                 return x.get() >= 0
+        elif name == "async":
+            async def first():
+                return x.get() + 1
         else:
             def first():
                 return x.get() + 1
-        tail = _chain(incr, rt, x, 1000, first)
+        tail = _chain(incr, rt, x, 1000, first, is_async=name == "async")
         if name == "chainstab":
             with rt:
                 rt.observe(tail)

@@ -41,9 +41,10 @@ from incr import _core
 from incr.errors import CycleError, IncrError, _OutOfTime, _Suspend
 
 _tl = threading.local()
-_get_running_loop = asyncio._get_running_loop   # (C functions, bound once: run_sync is hot)
+_get_running_loop = asyncio._get_running_loop   # (C functions, bound once)
 _set_running_loop = asyncio._set_running_loop
 _TASK_FRAMES = _core._task_frames_var()         # the contextvar of a task's frames
+_awaiting = _core._awaiting     # the awaitable of a demand from async code (compiled)
 _pseudo: set = set()  # frames of async generator and validator calls in flight
 _op_loops: dict = {}  # loop -> incr async operations (astabilize, awaits) running on it
 
@@ -298,58 +299,54 @@ async def arun(rt, n, parent: tuple) -> None:
         return
 
 
-def run_sync(rt, n) -> bool:
-    """The engine's run of an async instance, from its verification or a demand (sync).
-
-    The body's first step is taken here, on the caller's stack: an async cell whose inputs
-    are ready usually finishes in it, with no event loop involved (the common case when a
-    change is propagated). If it has to wait, it goes on with a stack of its own: as a task
-    of the running loop (the caller unwinds to the nearest restart point, which waits for
-    it), or, in sync code, on this thread's loop."""
-    running = _get_running_loop()
-    if running is None:
-        # sync code: the step runs as if on this thread's own loop (what it creates -- a
-        # gather, a task, a future -- belongs to the loop that drive() then runs)
-        own = getattr(_tl, "loop", None)
-        _set_running_loop(own if own is not None and not own._closed else _own_loop())
-    f, had, invalid, start = rt._run_start(n)
-    frames = list(rt._frames())         # the caller's stack, then n's frame: n's own stack if
-    tf = _TASK_FRAMES                   # it goes on as a task, and where the tasks it
-    token = tf.set(frames)              # spawns in this step record their reads
+def went_on(rt, n, coro, y, frames, f, had, invalid, start) -> bool:
+    """The engine's run of an async instance, from its verification or a demand (sync): its
+    body's first step, taken by the core on the caller's stack (``run_async``,
+    _core_async.pxi), had to wait (it yielded ``y``). An async cell whose inputs are ready
+    usually finishes in that step, with no event loop involved and no call of this. Here it
+    goes on with a stack of its own (``frames``): as a task of the running loop (the caller
+    unwinds to the nearest restart point, which waits for it), or, in sync code, on this
+    thread's loop."""
+    stack = rt._frames()
+    work = suspend = None
     try:
-        coro = rt._invoke(n)
-        y = coro.send(None)
-    except StopIteration as s:
-        rt._run_finish(n, f, had, s.value, start)
-        return True
-    except _Suspend as s:
-        # a sync step inside the body (a sync cell it called, say) unwound for async work
-        rt._run_failed(n, f, had, invalid, s)
-        if running is not None:
-            raise                       # async code: the nearest restart point does it
-        suspended = s
-    except BaseException as e:
-        rt._run_failed(n, f, had, invalid, e)
+        work = Resume(n, coro, y, frames, f, had, invalid, start)
+        stack.pop()                     # n's frame leaves the caller's stack
+        if loop_running():
+            rt.inflight[n] = None       # in flight: whatever else asks for it waits
+            rt.unwinding.append(work)   # until a restart point takes it (do_works)
+            suspend = _Suspend([work])
+    except BaseException:
+        # interrupted (Ctrl-C) before the run was handed on: nobody goes on with it
+        if stack and stack[-1] is f:
+            stack.pop()
+        abandon_step(rt, work or Resume(n, coro, y, frames, f, had, invalid, start))
         raise
-    else:
-        suspended = None
-    finally:
-        tf.reset(token)
-        if running is None:
-            _set_running_loop(None)
-    if suspended is not None:
-        # sync code: nothing above waits for the work, so it is done here, on this thread's
-        # loop, and the body runs again (as a restart point would)
-        parent = tuple(rt._frames())
-        drive(_redo(rt, n, suspended.works, parent))
-        return True
-    rt._frames().pop()                  # n's frame leaves the caller's stack
-    work = Resume(n, coro, y, frames, f, had, invalid, start)
-    if loop_running():
-        rt.inflight[n] = None           # in flight: whatever else asks for it waits
-        rt.unwinding.append(work)       # until a restart point takes it (do_works)
-        raise _Suspend([work])
-    drive(work.go(rt))
+    if suspend is not None:
+        raise suspend
+    try:
+        drive(work.go(rt))
+    except BaseException:
+        work.drop(rt)                   # (nothing if its run was recorded or failed)
+        raise
+    return True
+
+
+def abandon_step(rt, work) -> None:
+    """A first step that had to wait and that nobody will go on with (an interrupt before
+    ``went_on`` handed it on; the core calls this if it lands as went_on begins, its frame
+    still on the caller's stack): closed, recording nothing, nothing left in flight."""
+    if rt.unwinding:
+        rt.unwinding[:] = [w for w in rt.unwinding if w is not work]
+    work.drop(rt)
+
+
+def redo(rt, n, works: list) -> bool:
+    """The first step of async instance ``n`` (``run_async``) unwound for ``works`` in sync
+    code: nothing above waits for the work, so it is done here, on this thread's loop, and
+    the body runs again (as a restart point would)."""
+    parent = tuple(rt._frames())
+    drive(_redo(rt, n, works, parent))
     return True
 
 
@@ -429,23 +426,25 @@ def abandon(rt, works) -> None:
 def call(rt, n):
     """Calling an async cell: in async code (a running loop, at top level or in an async
     cell's body) an awaitable; in sync code its value."""
+    # (in an async cell's body, the usual case, the core returns the awaitable itself:
+    # Cell.call_slow)
     frames = rt._frames()
     if frames:
         top = frames[-1]
         node, _reads = rt._frame_info(top)
         if node.cell.is_async or top in _pseudo:
-            return _ademand(rt, n, tuple(frames))       # in an async cell's body or call
+            return _awaiting(rt, n, tuple(frames))      # in an async cell's body or call
         loop = _get_running_loop()
         if loop is not None and loop is not getattr(_tl, "loop", None) and \
                 loop not in _op_loops:
             # a loop the sync cell started itself (asyncio.run inside it): async code
-            return _ademand(rt, n, tuple(frames))
+            return _awaiting(rt, n, tuple(frames))
     elif loop_running():
         tf = _TASK_FRAMES.get()
         if tf:
-            return _ademand(rt, n, tuple(tf))            # a task an async run spawned
+            return _awaiting(rt, n, tuple(tf))            # a task an async run spawned
         if _get_running_loop() is not getattr(_tl, "loop", None):
-            return _ademand(rt, n, ())                   # top-level async code
+            return _awaiting(rt, n, ())                   # top-level async code
         # else sync code that incr runs on this thread's loop (a top-level incr.gather)
     return rt._demand(n)
 
@@ -467,26 +466,19 @@ def in_task(rt, n, tf):
 
 def ademand(rt, n):
     """``await cell.aget(...)``: the value of instance ``n``, from async code."""
-    return _ademand(rt, n, tuple(rt._frames()))
+    return _awaiting(rt, n, tuple(rt._frames()))
 
 
-async def _ademand(rt, n, parent: tuple) -> Any:
+async def _ademand(rt, n, parent: tuple, works=None) -> Any:
+    """Awaiting instance ``n`` (the awaitable ``_awaiting`` makes, _core_async.pxi), where it
+    has to wait: ``works``, what its demand in the awaiting step unwound for, or None (it is
+    awaited elsewhere than in the step that called it: top level, another task). The demand
+    is made on a copy of ``parent``, the stack of the computation that called it, each time
+    after the work is done (a restart point)."""
     top = not parent
     if top:
         _op_enter(rt)
     try:
-        works = None
-        frames = rt._frames()
-        if not top and frames and frames[-1] is parent[-1]:
-            # awaited in the step that called it (the usual case): demand on the running
-            # stack as it is, with no swap and no copy
-            rt.catching += 1
-            try:
-                return rt._demand(n)
-            except _Suspend as s:
-                works = s.works
-            finally:
-                rt.catching -= 1
         chain = None
         while True:
             if works is not None:

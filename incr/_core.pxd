@@ -30,6 +30,7 @@
 #       (llmnodes._evidence is the hook).
 
 from incr._codec cimport Record
+from cpython.object cimport PyObject
 
 
 cdef enum NodeFlag:
@@ -237,6 +238,23 @@ cdef class Runtime:
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 
 
+cdef class _Await:
+    # what an async cell's call returns in async code (and cell.aget): awaiting it demands n
+    # (_core_async.pxi)
+    cdef Runtime rt
+    cdef Instance n
+    cdef tuple parent                # the stack of the computation that called it (empty: top
+                                     # level)
+    cdef object inner                # incr._aio._ademand's coroutine once it has to wait
+    cdef int state                   # 0 not awaited yet, 1 awaiting, 2 done
+
+
+cdef class _StepTasks:
+    # the task factory of incr's own loop on a thread (_core_async.pxi)
+    cdef object frames               # the stack of the first step running in sync code on
+                                     # this thread now (its tasks compute for it), or None
+
+
 cdef enum:   # what one step of a store lookup did (_core_store.pxi)
     DONE = 0
     PUSHED = 1
@@ -283,6 +301,17 @@ cdef bint run_end(Runtime rt, Instance n, Frame f, bint had, object value) excep
 cdef void fail(Runtime rt, Instance n, list reads, bint had, BaseException e, str where) except *
 cdef void rewire(Runtime rt, Instance n, tuple old, list new)
 cdef void raise_ts(Runtime rt, Instance n)
+
+# _core_async.pxi -- an async instance's first step, and the awaitable of a demand from async
+# code (what has to wait goes on in incr._aio)
+cdef bint run_async(Runtime rt, Instance n) except -1
+cdef void run_finish(Runtime rt, Instance n, Frame f, bint had, object value,
+                     long long start) except *     # an async run is recorded
+cdef void run_failed(Runtime rt, Instance n, Frame f, bint had, int invalid,
+                     BaseException e) except *
+cdef object _own_loop_now(object aio)      # this thread's own loop (incr._aio._own_loop)
+cdef _Await new_await(Runtime rt, Instance n, tuple parent)
+cdef int _await_send(PyObject *o, PyObject *arg, PyObject **result) except -1   # its am_send
 
 # _core_backdate.pxi -- the cutoff decision: is a recomputed value the old one?
 cdef bint backdate(Instance n, object value) except -1

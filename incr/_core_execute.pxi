@@ -101,8 +101,8 @@ cdef inline Frame new_frame(Runtime rt, Instance n):
 
 
 cdef Frame run_begin(Runtime rt, Instance n):
-    # push n's frame and mark it running (run, and incr._aio for an async cell)
-    cdef Frame f = new_frame(rt, n)
+    # push n's frame and mark it running (an async cell's run: run_async, incr._aio)
+    cdef Frame f = frame_take(rt, n)
     if not rt.frames:
         rt.owner = PyThread_get_thread_ident()
     rt.frames.append(f)
@@ -117,9 +117,10 @@ cdef bint run(Runtime rt, Instance n) except -1:
     cdef bint had = (n.flags & F_HAS_VALUE) != 0
     cdef object value
     if n.cell.is_async:
-        # an async cell: run on this thread's event loop (sync code), or, inside a
-        # running loop, unwind to the nearest await, which runs it (incr._aio)
-        return _aio_mod().run_sync(rt, n)
+        # an async cell: its first step here (_core_async.pxi); if it has to wait, it goes
+        # on on this thread's event loop (sync code), or, inside a running loop, unwinds to
+        # the nearest await, which runs it (incr._aio)
+        return run_async(rt, n)
     cdef Py_ssize_t unwinding = len(rt.unwinding) if _async_defined else 0
     cdef list frames = rt.frames
     f = frame_take(rt, n)
@@ -157,7 +158,7 @@ cdef bint run(Runtime rt, Instance n) except -1:
 cdef bint run_end(Runtime rt, Instance n, Frame f, bint had, object value) except -1:
     # record a finished run of n (its frame already popped): cutoff, edges, stamps, store
     cdef bint same
-    if type(value) is _CoroutineType:
+    if type(value) is _CoroutineType or type(value) is _Await:
         value.close()   # never awaited: no "never awaited" warning, and never a value
         e = TypeError(f"{n.label()} returned a coroutine: the function is sync but "
                       f"returned an awaitable; await it inside the function, or make "

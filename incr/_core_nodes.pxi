@@ -362,7 +362,12 @@ cdef class Cell:
         return demand(rt, n)
 
     cdef object call_slow(self, Runtime rt, Instance n):
+        cdef list frames
         if self.awaited:
+            frames = rt.frames
+            if frames and (<Frame>frames[len(frames) - 1]).node.cell.is_async:
+                # in an async cell's body (the usual case): an awaitable (_core_async.pxi)
+                return new_await(rt, n, tuple(frames))
             return _aio_mod().call(rt, n)
         tf = get_value(_task_frames)
         if tf and (<Frame>tf[len(tf) - 1]).node.rt is rt:

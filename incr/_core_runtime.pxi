@@ -500,25 +500,10 @@ cdef class Runtime:
         return n.cell.invoke(_keys.own_args(n.args) if n.fresh_args else n.args)
 
     def _run_finish(self, Instance n, Frame f, bint had, value, long long start):
-        cdef Node d
-        self.frames.pop()
-        run_end(self, n, f, had, value)
-        for d in n.deps:
-            if d.changed_at > start:
-                # it changed while this run was suspended (another task set it): the run
-                # may have read both values, so its result is stale at once (I1, I2)
-                n.flags |= F_DIRTY
-                n.verified_at = start
-                dirty_from(self, n)
-                if n.observed_by is not None:
-                    self.dirty_observed.append(n)
-                break
+        run_finish(self, n, f, had, value, start)
 
     def _run_failed(self, Instance n, Frame f, bint had, int invalid, BaseException e):
-        self.frames.pop()
-        fail(self, n, f.reads, had, e, "raised in cell")
-        if isinstance(e, (_Suspend, _CancelledError)):
-            n.flags |= invalid      # unwound: still withdrawn if it was
+        run_failed(self, n, f, had, invalid, e)
 
     def _pseudo_frame(self, Instance n):
         """A frame that records the reads of a call made for n (an async generator's or

@@ -899,10 +899,10 @@ def test_sync_call_of_an_async_cell_whose_first_step_needs_async_work_of_a_sync_
     node's generator call) raises ``IncrError: ... sync code running inside an event loop
     cannot wait for it``, while ``await c()`` (and ``rt.stabilize()`` of an observed ``c``)
     give the value. The contract: sync code that calls an async cell gets its value. The
-    cause: the first step of the async cell's body is taken in place (``_aio.run_sync``), with
-    this thread's own loop set as the running loop, so the sync cell inside unwinds for the
-    async work (``_Suspend``) as it would in async code, and nothing on the sync demand's path
-    takes that work."""
+    cause: the first step of the async cell's body is taken in place (``run_async``,
+    incr/_core_async.pxi), with this thread's own loop set as the running loop, so the sync
+    cell inside unwinds for the async work (``_Suspend``) as it would in async code, and
+    nothing on the sync demand's path takes that work."""
     rt = incr.Runtime(max_workers=1)
     x = rt.input("x", 1)
     calls = Counter()

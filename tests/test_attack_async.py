@@ -64,7 +64,7 @@ def test_finding1_a_task_joining_work_whose_last_waiter_was_cancelled_gets_cance
 # BaseException (or uses a bare `except:`) around a sync call of an async cell swallows the
 # engine's internal _Suspend (incr/errors.py: _Suspend is a BaseException). The cell's fallback
 # value is recorded as its value, and the async instance whose first step started
-# (incr/_aio.py run_sync: `rt.inflight[n] = None`) is never finished nor dropped: every later
+# (incr/_aio.py went_on: `rt.inflight[n] = None`) is never finished nor dropped: every later
 # demand of it raises "in flight with nobody to finish it (an internal error)".
 def test_finding2_a_broad_except_swallows_the_internal_suspend():
     async def main():
