@@ -1052,13 +1052,6 @@ def test_a_cells_value_is_shared_not_copied():
 # -- (14) depth of an async first-time demand ----------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a first-time demand through a chain of async cells fails with RecursionError at depth "
-    "~246 (await cell.aget() and a plain call alike), where the same chain of plain coroutines "
-    "reaches ~988 and sync incr cells ~996: each async level costs about four Python frames "
-    "(incr/_aio.py ademand/arun/_Stepper.__await__/go). api.md: 'A first-time demand nests like "
-    "the Python calls it is made of'; at depth 600 (well inside Python's limit for the plain "
-    "coroutines) it should give the value"))
 @pytest.mark.parametrize("drive", ["aget", "sync"])
 def test_a_chain_of_600_async_cells_nests_like_the_coroutines_it_is_made_of(drive):
     n = 600
