@@ -17,7 +17,7 @@ from types import CoroutineType
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
 
 from incr._core cimport (Cell, Runtime, Instance, Node, Input, demand, lookup, table_for,
-                        quiet_enter, set_input)
+                        quiet_enter, set_input, same_value)
 from incr._core import EQUAL, IDENTITY, current
 from incr.errors import _Deferred
 
@@ -676,19 +676,14 @@ def _key_kind(key, where, whole=_EMPTY):
 
 
 cdef inline bint _same(object a, object b):
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
+    # the core's rule (Input.set, EQUAL cutoff): same type and ==, all the way down, floats
+    # bit for bit but for NaN, dicts in order; a raising == is "different"
+    return same_value(a, b)
 
 
 def same(a, b):
-    """Same type and ==, a raising == being "different" (input maps' no-op test)."""
-    return _same(a, b)
+    """The core's "same value" test (Input.set's): input maps' no-op test."""
+    return same_value(a, b)
 
 
 @cython.final
@@ -1032,14 +1027,8 @@ cdef class MapBase(NodeBase):
             if self._kind is None or not data:
                 self._kind = kind
             self._sorted = None
-        elif <object>old is value:
+        elif same_value(<object>old, value):     # (the rule a cell's cutoff uses)
             return False
-        elif type(<object>old) is type(value):
-            try:
-                if <object>old == value:
-                    return False
-            except Exception:
-                pass
         data[key] = value
         self.emit(key)
         return True

@@ -286,6 +286,7 @@ cdef void raise_ts(Runtime rt, Instance n)
 
 # _core_backdate.pxi -- the cutoff decision: is a recomputed value the old one?
 cdef bint backdate(Instance n, object value) except -1
+cdef bint same_value(object old, object new)   # _same_value, for incr._collections
 
 # _core_propagate.pxi -- an input changes: dirty marking (push), batches, withdrawal
 cdef void dirty_from(Runtime rt, Node n)

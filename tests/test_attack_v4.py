@@ -81,13 +81,6 @@ def test_input_set_tells_equal_but_different_values_apart(before, after):
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "InputMap.set / update take a value that is == to the current one but not the same "
-    "(0.0 -> -0.0, [1] -> [True], {'a': 1} -> {'a': 1.0}, another dict order) as 'no change': "
-    "the map keeps the OLD value, m.get() returns it and no reader re-runs (silent wrong value). "
-    "incr/_collections.pyx InputMapBase.set and incr/collections.py InputMap.update use "
-    "_same() (type of the top level and ==); they should use the core's exact test "
-    "(_same_value, the one Input.set uses)"))
 @pytest.mark.parametrize("before,after", _EQUAL_BUT_DIFFERENT)
 def test_an_input_map_set_of_an_equal_but_different_value_is_kept(before, after):
     rt = incr.Runtime()
@@ -105,12 +98,6 @@ def test_an_input_map_set_of_an_equal_but_different_value_is_kept(before, after)
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a map node whose function's result for a key changes to an equal but different value "
-    "(0.0 -> -0.0, [1] -> [True]) keeps the old result and does not pass the change on: its "
-    "readers stay stale, unlike a cell (whose default cutoff tells 0.0 and -0.0 apart). "
-    "incr/_collections.pyx MapBase.put compares with type + ==; it should use the exact test "
-    "cells use for their cutoff"))
 def test_a_maps_result_that_changes_to_an_equal_but_different_value_reaches_its_readers():
     rt = incr.Runtime()
     m = incr.input_map(rt, "m", {"k": 1.0})
