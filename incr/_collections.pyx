@@ -481,8 +481,14 @@ cdef class SumFold:
         return self.tree.delete(key)
 
     cdef object cvalue(self):
+        cdef object v
         if self.tree is not None:
-            return self.tree.value
+            v = self.tree.value
+            if type(v) is bool and len(self.tree):
+                # one bool left in the tree (its aggregate is the value itself): plain sum()
+                # and the running total give the int, so the tree does too, whatever the history
+                return 0 + v
+            return v
         if not self.vals:
             return self.identity
         return self.total

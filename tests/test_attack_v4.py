@@ -266,12 +266,6 @@ def test_an_input_map_delete_or_update_from_another_thread_during_a_pass_does_no
 # -- (5) folds against plain Python -------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "m.sum() over int/bool values gives int (1 for {a: True}) while it keeps a running total, "
-    "but once a float moved it into the tree, deleting the float leaves True (a bool) where "
-    "plain sum() gives 1: the fold's value depends on its history. incr/_collections.pyx "
-    "SumFold / FoldTree: the tree's single-entry aggregate is the value itself (no start added); "
-    "a sum should be start + the values"))
 def test_a_sum_over_bools_is_an_int_whatever_its_history():
     rt = incr.Runtime()
     m = incr.input_map(rt, "m", {})
