@@ -117,13 +117,6 @@ def test_a_maps_result_that_changes_to_an_equal_but_different_value_reaches_its_
 # -- (2) mutation of values after set ----------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Input.get() (and Input.value) hand out the stored object itself: a caller that mutates "
-    "it changes the input without a revision, and a later set() of the mutated value is then "
-    "'the same value' and changes nothing, so cells keep a value computed from the old one "
-    "(silent wrong value). incr/_core_nodes.pxi Input.set / set_input keep the caller's object; "
-    "they should keep their own copy (keys.own_args, as for arguments) or get() should return a "
-    "read-only/own copy"))
 def test_mutating_what_input_get_returned_does_not_make_a_later_set_a_no_op():
     rt = incr.Runtime()
     x = rt.input("x", [1, 2])
