@@ -131,6 +131,7 @@ cdef class MapBase(NodeBase):
     cdef public long long _stamp
     cdef public object _anchor
     cdef public dict _key_inputs
+    cdef public dict _shadow         # key -> the map's own copy of a mutable value, or None
 
     cdef bint put(self, object key, object value) except -1
     cdef bint delete(self, object key) except -1
@@ -153,6 +154,6 @@ cdef class FoldBase(NodeBase):
 
 
 cdef class InputMapBase(MapBase):
-    pass
+    pass   # (no cdef methods: InputMap's instances get MapBase's vtable, see _collections.pyx)
 
 

@@ -17,7 +17,8 @@ from types import CoroutineType
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
 
 from incr._core cimport (Cell, Runtime, Instance, Node, Input, demand, lookup, table_for,
-                        quiet_enter, set_input, same_value)
+                        quiet_enter, set_input, same_value, deferring, defer_op,
+                        own_copy)
 from incr._core import EQUAL, IDENTITY, current
 from incr.errors import _Deferred
 
@@ -681,12 +682,6 @@ def _key_kind(key, where, whole=_EMPTY):
     return kind
 
 
-cdef inline bint _same(object a, object b):
-    # the core's rule (Input.set, EQUAL cutoff): same type and ==, all the way down, floats
-    # bit for bit but for NaN, dicts in order; a raising == is "different"
-    return same_value(a, b)
-
-
 def same(a, b):
     """The core's "same value" test (Input.set's): input maps' no-op test."""
     return same_value(a, b)
@@ -1235,8 +1230,41 @@ cdef class MapBase(NodeBase):
         self.track(<Runtime?>rt)
 
 
+cdef object _last(MapBase m, object key, object old):
+    # what a set of an input map's `key` (holding `old`) is compared with
+    cdef PyObject *s
+    if m._shadow:
+        s = PyDict_GetItem(m._shadow, key)
+        if s != NULL:
+            return <object>s
+    return old
+
+
+cdef void _keep(MapBase m, object key, object value) except *:
+    # an input map's `key` now holds `value`: keep the map's own copy of it if it is mutable
+    o = own_copy(value)
+    if o is not None:
+        if m._shadow is None:
+            m._shadow = {}
+        m._shadow[key] = (<tuple>o)[0]
+    elif m._shadow:
+        m._shadow.pop(key, None)
+
+
 cdef class InputMapBase(MapBase):
-    """The compiled part of an incremental input map (incr.collections.InputMap)."""
+    """The compiled part of an incremental input map (incr.collections.InputMap). (No cdef
+    methods here: InputMap's instances are laid out, and get the vtable, of MapBase.)
+
+    Like an Input, it keeps its own copy of a mutable value (a list, dict, tuple holding
+    them, a registered type: own_copy, the copy a cell keeps of its arguments) and compares
+    the next set of that key with the copy: mutating the object given, or the one get()
+    returned, then setting it again is a change. A change made while another thread's pass
+    is running is made when that pass ends, as the next revision (CONCURRENCY.md rule 1)."""
+
+    def _keep_all(self):
+        # the initial content: a copy of each mutable value
+        for k, v in self._data.items():
+            _keep(self, k, v)
 
     def set(self, key, value):
         """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
@@ -1244,7 +1272,7 @@ cdef class InputMapBase(MapBase):
         cdef PyObject *old = PyDict_GetItem(data, key)
         cdef long long n
         if old != NULL:
-            if <object>old is value or _same(<object>old, value):
+            if same_value(_last(self, key, <object>old), value):
                 return
         else:
             try:
@@ -1252,20 +1280,94 @@ cdef class InputMapBase(MapBase):
             except (TypeError, ValueError):   # not a key (unhashable, NaN): say which map
                 _key_kind(key, f"input_map {self.label!r}: set")
                 raise
-        if key in self._key_inputs:
-            return self._set_batched(key, value)
+        cdef Runtime rt = (<Input>self._anchor).rt
+        if deferring(rt) or key in self._key_inputs:
+            return self._apply({key: value}, ())
         # one set of the anchor is one revision: no batch needed (the set raises
         # ReentrancyError inside a computation, before anything changed)
         n = self._stamp + 1
         cdef Stamp st = Stamp.__new__(Stamp)
         st.n = n
-        set_input((<Input>self._anchor).rt, <Input>self._anchor, st)
+        set_input(rt, <Input>self._anchor, st)
         self._stamp = n
+        _keep(self, key, value)
         if old == NULL:
             self.put(key, value)
             return
         data[key] = value
         self.emit(key)
+
+    def _apply(self, dict sets, dels):
+        """Set every (key, value) of ``sets`` and remove every key of ``dels`` that is there
+        (a key in both ends up removed), as one revision; all or nothing: every key is checked
+        first, and from the first change to the last nothing calls back into Python but the
+        values' own comparisons. During another thread's pass: done when it ends."""
+        cdef dict data = self._data
+        cdef Runtime rt = (<Input>self._anchor).rt
+        cdef Input inp
+        cdef long long n
+        cdef PyObject *old
+        if deferring(rt):
+            # the values as they are now (the caller may change its objects afterwards)
+            owned = {}
+            for k, v in sets.items():
+                o = own_copy(v)
+                owned[k] = v if o is None else (<tuple>o)[0]
+            if defer_op(rt, lambda: self._apply(owned, dels)):
+                return
+        gone = set(dels)
+        changed = []
+        kind = None
+        for k, v in sets.items():
+            if k in gone:
+                continue
+            old = PyDict_GetItem(data, k)
+            if old != NULL:
+                if not same_value(_last(self, k, <object>old), v):
+                    changed.append((k, v))
+                continue
+            # a new key: a key, of the map's kind (checked before anything changes)
+            kk = _key_kind(k, f"input_map {self.label!r}: update")
+            want = self._kind if data and self._kind is not None else kind
+            if want is not None and kk != want:
+                raise TypeError(f"input_map {self.label!r}: update: key {k!r} cannot be "
+                                f"ordered with the map's other keys (all keys of a map are "
+                                f"of one kind: numbers, str, bytes or tuples); nothing was "
+                                f"changed")
+            kind = kk
+            changed.append((k, v))
+        dropped = [k for k in gone if k in data]
+        if not changed and not dropped:
+            return
+        rt._batch_enter()          # raises ReentrancyError inside a computation
+        try:
+            n = self._stamp + 1
+            st = Stamp.__new__(Stamp)
+            (<Stamp>st).n = n
+            set_input(rt, <Input>self._anchor, st)   # (the same inside a stabilization)
+            self._stamp = n
+            keyed = self._key_inputs
+            for k, v in changed:
+                _keep(self, k, v)
+                if k in data:
+                    data[k] = v        # (not put: it would take a mutated object as the same)
+                    self.emit(k)
+                else:
+                    self.put(k, v)
+                if keyed:
+                    i = keyed.get(k)
+                    if i is not None:
+                        set_input(rt, <Input>i, v)
+            for k in dropped:
+                if self._shadow:
+                    self._shadow.pop(k, None)
+                self.delete(k)
+                if keyed:
+                    i = keyed.get(k)
+                    if i is not None:
+                        set_input(rt, <Input>i, ABSENT)
+        finally:
+            rt._batch_exit()
 
 
 cdef class FoldBase(NodeBase):

@@ -134,11 +134,6 @@ def test_mutating_what_input_get_returned_does_not_make_a_later_set_a_no_op():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "InputMap.set keeps the caller's object: after m.set(k, d), mutating d and calling "
-    "m.set(k, d) again is 'the same object' (incr/_collections.pyx InputMapBase.set: "
-    "`old is value`) and changes nothing, so every map and fold keeps the old value; the same "
-    "after mutating what m.get(k) returned. It should keep its own copy of the value"))
 def test_set_again_after_mutating_the_value_given_to_an_input_map_is_a_change():
     rt = incr.Runtime()
     m = incr.input_map(rt, "m", {})
@@ -161,11 +156,6 @@ def test_set_again_after_mutating_the_value_given_to_an_input_map_is_a_change():
 # -- (3) garbage that deletes -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "m.update(mapping, delete='ab') iterates the str and deletes the keys 'a' and 'b' (data "
-    "lost on a bad argument; the user meant the key 'ab'). incr/collections.py InputMap.update: "
-    "set(delete) accepts any iterable; a str or bytes given as delete= should be a TypeError "
-    "naming delete= (say: pass a list of keys), before anything changes"))
 def test_update_with_a_str_as_delete_does_not_delete_its_characters():
     rt = incr.Runtime()
     m = incr.input_map(rt, "m", {"a": 1, "b": 2, "ab": 3})
@@ -222,13 +212,6 @@ def _map_pass_with_a_change_from_another_thread(change):
     return log, errors, rt, m, o
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an InputMap.set from another thread while a pass is in flight changes the map's data at "
-    "once: the pass that is running reads the NEW value of that key (m.get(0) == 100 in a "
-    "cell whose m.map(f) was computed from 0), a mix of revisions R and R+1 (CONCURRENCY.md "
-    "rule 1; api.md 'Threads and processes'). incr/_collections.pyx InputMapBase.set defers the "
-    "anchor's set_input but writes self._data[key] and emits at once; the data change should "
-    "be deferred with it (applied when the pass ends)"))
 def test_an_input_map_set_from_another_thread_is_not_seen_by_the_pass_in_flight():
     log, errors, rt, m, o = _map_pass_with_a_change_from_another_thread(lambda m: m.set(0, 100))
     assert not errors
@@ -239,12 +222,6 @@ def test_an_input_map_set_from_another_thread_is_not_seen_by_the_pass_in_flight(
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "m.delete(key) and m.update(...) from another thread while a pass is in flight raise "
-    "ReentrancyError ('computing in another thread'), where m.set and Input.set from another "
-    "thread are accepted and form the next revision (CONCURRENCY.md rule 1: 'a set from outside "
-    "the pass must not fail'). incr/collections.py InputMap.delete/update open rt.batch(), "
-    "which refuses another thread; they should be deferred like set"))
 @pytest.mark.parametrize("what", ["delete", "update"])
 def test_an_input_map_delete_or_update_from_another_thread_during_a_pass_does_not_fail(what):
     change = (lambda m: m.delete(2)) if what == "delete" else (lambda m: m.update({9: 9}))
@@ -679,13 +656,6 @@ def test_salsa_cycle_a_t1_b_t2_across_tasks_is_a_cycle_error_not_a_deadlock():
 # -- (9) m.update is one revision: all or nothing -----------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "m.update(mapping, delete=...) with a key of another kind than the map's (a str, a tuple "
-    "or None among ints) raises TypeError only when it reaches that key: the keys before it "
-    "are already set (a revision is committed) and delete= is not applied, a half-applied "
-    "update on bad input. incr/collections.py InputMap.update checks NaN up front (_key_kind) "
-    "but the kind check is in _put (MapBase._check_kind); it should check every key's kind "
-    "before changing anything"))
 @pytest.mark.parametrize("bad", ["x", (1, 2), None])
 def test_an_update_with_a_key_of_another_kind_changes_nothing(bad):
     rt = incr.Runtime()
@@ -702,12 +672,6 @@ def test_an_update_with_a_key_of_another_kind_changes_nothing(bad):
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a Ctrl-C inside m.update(...) (at a line of incr/collections.py InputMap.update, between "
-    "two keys) leaves the update half-applied: some keys set, the deletes not done, committed "
-    "as a revision; api.md promises 'm.update(mapping) (one revision)'. The derived maps and "
-    "folds stay consistent with what was applied; the update should be all or nothing "
-    "(apply the keys in a step that a KeyboardInterrupt cannot split, or undo on the way out)"))
 def test_ctrl_c_inside_an_update_applies_all_of_it_or_nothing():
     before = {i: i for i in range(5)}
     after = {0: 0, 1: 100, 4: 4, 7: 70}
