@@ -43,6 +43,7 @@ from incr.keys import register_type
 __all__ = ["IncrMap", "InputMap", "Fold", "Group", "MapView", "input_map"]
 
 _Node = NodeBase
+_EMPTY_KIND = object()
 _PerKeyFn = PerKeyFn
 
 def _pairs(mapping: Any, where: str) -> dict:
@@ -285,8 +286,15 @@ class InputMap(IncrMap, InputMapBase):
             if simple and float in kinds and any(k != k for k in data):
                 simple = False      # a NaN key: refused below, naming it
             if not simple:
+                first = _EMPTY_KIND
                 for k in data:
-                    _key_kind(k, f"input_map {name!r}")
+                    kind = _key_kind(k, f"input_map {name!r}")
+                    if first is _EMPTY_KIND:
+                        first, first_key = kind, k
+                    elif kind != first:     # (before the name is taken, as the checks above)
+                        raise TypeError(f"input_map {name!r}: key {k!r} cannot be ordered with "
+                                        f"the key {first_key!r} (all keys of a map are of one "
+                                        f"kind: numbers, str, bytes or tuples)")
         self._stamp = 0
         self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
         IncrMap.__init__(self, rt, name)

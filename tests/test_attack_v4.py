@@ -1666,13 +1666,6 @@ def test_a_batch_from_another_thread_during_a_pass_is_the_next_revision():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rt.input_map(name, mapping) refused because the mapping mixes key kinds ({1: .., 'b': ..}, "
-    "{1: .., None: ..}, {(1,): .., 2: ..}) keeps its name reserved: the corrected call then "
-    "raises ValueError \"input 'm' is already declared on this runtime\" (a NaN key or a "
-    "non-mapping is refused before the name is taken, as the previous round fixed). "
-    "incr/collections.py InputMap.__init__ takes the anchor input (rt.input(name, ...)) before "
-    "the kind check of the initial keys in _put; check every key first"))
 @pytest.mark.parametrize("bad", [{1: "a", "b": 2}, {1: 1, None: 2}, {(1,): 1, 2: 2}])
 def test_an_input_map_refused_for_mixed_key_kinds_does_not_keep_its_name(bad):
     rt = incr.Runtime()
