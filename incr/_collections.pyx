@@ -20,7 +20,7 @@ from incr._core cimport (Cell, Runtime, Instance, Node, Input, demand, lookup, t
                         quiet_enter, set_input, same_value, deferring, defer_op,
                         own_copy)
 from incr._core import EQUAL, IDENTITY, current
-from incr.errors import _Deferred
+from incr.errors import IncrError, _Deferred
 
 _EMPTY = object()
 
@@ -904,6 +904,16 @@ cdef void _no_coroutines(MapBase node, dict data) except *:
                         f"cell) or return the value")
 
 
+def _refuse_foreign(node, cur):
+    # a collection read inside a running cell of another runtime: that cell would not depend on
+    # it (a silent stale value later), so it is refused, as an Input of another runtime is
+    if cur is not None and cur is not node._rt:
+        running = cur._running()
+        if running is not None:
+            raise IncrError(f"{node.label} belongs to another runtime than the one running "
+                            f"{running.label_text}; declare it on that runtime")
+
+
 cdef class NodeBase(Cell):
     """A collection node: a cell with no arguments whose run updates the node (_drive)."""
 
@@ -941,8 +951,10 @@ cdef class NodeBase(Cell):
         # bring the node up to date on its runtime; inside a running cell of that runtime the
         # read is recorded like any cell call
         rt = self._rt
-        if current() is rt:
+        cur = current()
+        if cur is rt:
             return Cell.__call__(self)
+        _refuse_foreign(self, cur)
         return rt._demand_top(self.own())
 
     def __call__(self):

@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 from incr._collections import (_ABSENT, _KINDS, MODE_FILTER, MODE_HOOKS, MODE_INPUT, MODE_MAP,
                                FoldBase, FoldTree, InputMapBase, MapBase, MapView, MinMaxFold,
-                               NodeBase, PerKeyFn, Stamp, SumFold, _key_kind)
+                               NodeBase, PerKeyFn, Stamp, SumFold, _key_kind,
+                               _refuse_foreign)
 from incr._core import Cell, Input, current
 from incr._core import _refuse_coroutine_function as _refuse_async_fn
 from incr.keys import register_type
@@ -355,7 +356,11 @@ class InputMap(IncrMap, InputMapBase):
         return inp
 
     def _in_cell(self) -> bool:
-        return current() is self._rt and self._rt._running() is not None
+        cur = current()
+        if cur is self._rt:
+            return self._rt._running() is not None
+        _refuse_foreign(self, cur)          # IncrError inside a cell of another runtime
+        return False
 
     def __getitem__(self, key: Any) -> Any:
         v = self._key_input(key).get() if self._in_cell() else self._data.get(key, _ABSENT)

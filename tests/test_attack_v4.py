@@ -1140,12 +1140,6 @@ def test_an_input_of_another_runtime_is_refused():
     rt1._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a cell of runtime 1 that reads a fold and an input map of runtime 2 (tot2(), m2.get('a')) "
-    "is computed without complaint, and after m2.set('a', 5) it still returns the old 2 at "
-    "the next demand (from scratch: 10): a silent stale value. An Input of another runtime is "
-    "refused with IncrError 'belongs to another runtime'; incr/collections.py InputMap.get / "
-    "Fold.__call__ (and map reads) should check the running runtime the same way"))
 def test_a_collection_of_another_runtime_is_refused_or_tracked():
     rt1, rt2 = incr.Runtime(), incr.Runtime()
     m2 = incr.input_map(rt2, "m", {"a": 1})

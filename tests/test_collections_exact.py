@@ -237,3 +237,31 @@ def test_a_sum_over_bools_is_the_int_plain_sum_gives_after_any_history():
             got = total()
         want = sum(m.values())
         assert got == want and type(got) is type(want), (got, want)
+
+
+def test_a_collection_read_inside_a_cell_of_another_runtime_is_refused_naming_it():
+    rt1, rt2 = incr.Runtime(), incr.Runtime()
+    m2 = incr.input_map(rt2, "m2", {"a": 1})
+    tot2 = m2.sum()
+    runs = []
+
+    @incr.cell
+    def via_fold():
+        runs.append(1)
+        return tot2()
+
+    @incr.cell
+    def via_get():
+        return m2.get("a")
+
+    with rt1:
+        with pytest.raises(incr.IncrError, match="m2.sum belongs to another runtime"):
+            via_fold()
+        with pytest.raises(incr.IncrError, match="m2 belongs to another runtime"):
+            via_get()
+    with rt2:                                   # on its own runtime: tracked as usual
+        assert via_fold() == 1
+        m2.set("a", 5)
+        assert via_fold() == 5
+    assert len(runs) == 3
+    assert tot2() == 5 and m2.get("a") == 5     # outside any cell: a plain read
