@@ -119,6 +119,7 @@ cdef class MapBase(NodeBase):
     cdef public long long _log_start
     cdef public object _sorted
     cdef public object _kind
+    cdef public object _shape         # tuple keys: each position's kind (_shape_merge), or None
     cdef public long long _ran_from
     cdef public object _vcache
     cdef public long long _bulk_builds

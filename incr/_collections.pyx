@@ -687,6 +687,49 @@ def same(a, b):
     return same_value(a, b)
 
 
+cdef object _shape_merge(object shape, tuple key, str where, object whole):
+    # Tuple keys are ordered position by position: each position must hold one kind across a
+    # map's keys (numbers, str, bytes, None, or tuples of the same shape), else two keys cannot
+    # be compared. `shape` is the list of position kinds seen (None: none yet); returns the
+    # shape with `key` added (a new list when it grows: `shape` itself is not changed), or
+    # raises TypeError naming the map and the key.
+    cdef list out = shape if shape is not None else []
+    cdef bint copied = shape is None
+    cdef Py_ssize_t i
+    for i in range(len(key)):
+        part = key[i]
+        kind = _KINDS.get(type(part))
+        if i >= len(out):
+            if not copied:
+                out = list(out)
+                copied = True
+            out.append(_shape_merge(None, <tuple>part, where, whole) if kind == "tuple" else kind)
+            continue
+        have = out[i]
+        if kind == "tuple" and type(have) is list:
+            sub = _shape_merge(have, <tuple>part, where, whole)
+            if sub is not have:
+                if not copied:
+                    out = list(out)
+                    copied = True
+                out[i] = sub
+        elif kind != have:
+            raise TypeError(f"{where}: key {whole!r} cannot be ordered with the map's other keys: "
+                            f"a part of it is {'a tuple' if kind == 'tuple' else kind} where "
+                            f"theirs is {'a tuple' if type(have) is list else have} (tuple keys "
+                            f"are compared position by position: each position holds one kind)")
+    return out
+
+
+def _check_shapes(keys, where):
+    """Raise TypeError naming ``where`` and the key if tuple keys cannot all be ordered."""
+    shape = None
+    for k in keys:
+        if type(k) is tuple:
+            shape = _shape_merge(shape, k, where, k)
+    return shape
+
+
 @cython.final
 cdef class MapView:
     """The value of a map cell: a read-only mapping of the map's entries, in key order.
@@ -1027,6 +1070,8 @@ cdef class MapBase(NodeBase):
             raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
                             f"other keys (all keys of a map are of one kind: numbers, "
                             f"str, bytes or tuples)")
+        if kind == "tuple":
+            _shape_merge(self._shape if self._data else None, <tuple>key, self.label, key)
         return kind
 
     def _put(self, key, value):
@@ -1039,6 +1084,9 @@ cdef class MapBase(NodeBase):
             kind = self._check_kind(key)
             if self._kind is None or not data:
                 self._kind = kind
+                self._shape = None
+            if kind == "tuple":
+                self._shape = _shape_merge(self._shape, <tuple>key, self.label, key)
             self._sorted = None
         elif same_value(<object>old, value):     # (the rule a cell's cutoff uses)
             return False
@@ -1122,6 +1170,7 @@ cdef class MapBase(NodeBase):
         cdef long long end = self._log_start + len(self._log)
         self._data = data
         self._kind = (<MapBase>self._up)._kind
+        self._shape = (<MapBase>self._up)._shape
         self._sorted = None
         self._log = []
         self._log_start = end + len(data)
@@ -1330,6 +1379,7 @@ cdef class InputMapBase(MapBase):
         gone = set(dels)
         changed = []
         kind = None
+        shape = None
         for k, v in sets.items():
             if k in gone:
                 continue
@@ -1347,6 +1397,10 @@ cdef class InputMapBase(MapBase):
                                 f"of one kind: numbers, str, bytes or tuples); nothing was "
                                 f"changed")
             kind = kk
+            if kk == "tuple":
+                shape = _shape_merge(shape if shape is not None else (self._shape if data
+                                     else None), <tuple>k, f"input_map {self.label!r}: update",
+                                     k)
             changed.append((k, v))
         dropped = [k for k in gone if k in data]
         if not changed and not dropped:

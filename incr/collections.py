@@ -36,7 +36,7 @@ from typing import Any, Callable
 from incr._collections import (_ABSENT, _KINDS, MODE_FILTER, MODE_HOOKS, MODE_INPUT, MODE_MAP,
                                FoldBase, FoldTree, InputMapBase, MapBase, MapView, MinMaxFold,
                                NodeBase, PerKeyFn, Stamp, SumFold, _key_kind,
-                               _refuse_foreign)
+                               _check_shapes, _refuse_foreign)
 from incr._core import Cell, Input, current
 from incr._core import _refuse_coroutine_function as _refuse_async_fn
 from incr.keys import register_type
@@ -296,6 +296,8 @@ class InputMap(IncrMap, InputMapBase):
                         raise TypeError(f"input_map {name!r}: key {k!r} cannot be ordered with "
                                         f"the key {first_key!r} (all keys of a map are of one "
                                         f"kind: numbers, str, bytes or tuples)")
+                if first == "tuple":
+                    _check_shapes(data, f"input_map {name!r}")
         self._stamp = 0
         self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
         IncrMap.__init__(self, rt, name)

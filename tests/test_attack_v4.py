@@ -786,15 +786,6 @@ def test_the_late_result_is_dropped_under_the_async_drivers(drive):
 # -- (11) tuple keys whose parts cannot be ordered ----------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an input map checks 'one kind of key per map' at the top level only: with tuple keys, "
-    "(1, 'a') then ('a', 1) (or (None,), (1, None), (b'x',)) are accepted, and from then on "
-    "iterating the map, and every stabilize() of anything that reads it, raises a bare "
-    "TypeError \"'<' not supported between instances of 'str' and 'int'\" naming nothing: "
-    "one bad set breaks the map until the key is deleted. incr/_collections.pyx _key_kind / "
-    "MapBase._check_kind: the kind of a tuple key should be checked position by position "
-    "(the tuple's shape), and a key that cannot be ordered with the others refused at set() "
-    "with a TypeError naming the map and the key, changing nothing"))
 @pytest.mark.parametrize("bad", [("a", 1), (None,), (1, None), (b"x",)])
 def test_a_tuple_key_that_cannot_be_ordered_with_the_others_is_refused_at_set(bad):
     rt = incr.Runtime()
@@ -810,12 +801,6 @@ def test_a_tuple_key_that_cannot_be_ordered_with_the_others_is_refused_at_set(ba
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "map_keys / group_by whose function returns tuple keys that cannot be ordered with each "
-    "other ((2,) and ('s',)) fail with a bare TypeError \"'<' not supported between instances "
-    "of 'str' and 'int'\" that names neither the operator nor the keys (a str key next to an int "
-    "one is refused with a message naming both). incr/_collections.pyx _key_kind: check tuple "
-    "keys position by position"))
 @pytest.mark.parametrize("op", ["map_keys", "group_by"])
 def test_an_operator_making_tuple_keys_that_cannot_be_ordered_names_itself(op):
     rt = incr.Runtime()

@@ -265,3 +265,39 @@ def test_a_collection_read_inside_a_cell_of_another_runtime_is_refused_naming_it
         assert via_fold() == 5
     assert len(runs) == 3
     assert tot2() == 5 and m2.get("a") == 5     # outside any cell: a plain read
+
+
+@pytest.mark.parametrize("bad", [("a", 1), (None,), (1, None), (b"x",), ((1,),), (1, ("a",))])
+def test_a_tuple_key_whose_parts_cannot_be_ordered_with_the_others_changes_nothing(bad):
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "tm", {(1, "a"): 1, (2, "b", 3): 2})
+    runs = []
+    r = m.map(_counted(runs))
+    with rt:
+        r()
+    runs.clear()
+    rev = rt.revision
+    for change in (lambda: m.set(bad, 5), lambda: m.update({(3, "c"): 3, bad: 5})):
+        with pytest.raises(TypeError, match=r"tm.*cannot be ordered"):
+            change()
+    with pytest.raises(TypeError, match="cannot be ordered"):
+        incr.input_map(rt, "tm2", {(1, "a"): 1, bad: 2})
+    assert rt.revision == rev and list(m) == [(1, "a"), (2, "b", 3)]
+    m.set((1,), 0)                                  # a shorter prefix orders fine
+    m.set((0, "z", 9, "x"), 0)                      # and so does a longer one
+    with rt:
+        assert list(r()) == sorted([(1, "a"), (2, "b", 3), (1,), (0, "z", 9, "x")])
+    assert sorted(runs) == [(0, "z", 9, "x"), (1,)]
+    incr.input_map(rt, "tm2", {(1, "a"): 1})        # the refused name was not taken
+    m.update({}, delete=list(m))                    # emptied: any shape again
+    m.set(bad, 1)
+    assert list(m) == [bad]
+
+
+def test_map_keys_making_keys_that_cannot_be_ordered_names_the_operator():
+    rt = incr.Runtime()
+    m = incr.input_map(rt, "m", {1: 1, 2: 2})
+    out = m.map_keys(lambda k: (k,) if k > 1 else ("s",))
+    with rt:
+        with pytest.raises(TypeError, match=r"map_keys.*cannot be ordered"):
+            out()
