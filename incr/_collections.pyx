@@ -1291,7 +1291,7 @@ cdef class MapBase(NodeBase):
         self.track(<Runtime?>rt)
 
 
-cdef object _last(MapBase m, object key, object old):
+cdef inline object _last(MapBase m, object key, object old):
     # what a set of an input map's `key` (holding `old`) is compared with
     cdef PyObject *s
     if m._shadow:
@@ -1303,6 +1303,11 @@ cdef object _last(MapBase m, object key, object old):
 
 cdef void _keep(MapBase m, object key, object value) except *:
     # an input map's `key` now holds `value`: keep the map's own copy of it if it is mutable
+    cdef type t = type(value)
+    if t is int or t is str or t is float or t is bool:     # (the common values: no call)
+        if m._shadow:
+            m._shadow.pop(key, None)
+        return
     o = own_copy(value)
     if o is not None:
         if m._shadow is None:
@@ -1323,9 +1328,22 @@ cdef class InputMapBase(MapBase):
     is running is made when that pass ends, as the next revision (CONCURRENCY.md rule 1)."""
 
     def _keep_all(self):
-        # the initial content: a copy of each mutable value
-        for k, v in self._data.items():
-            _keep(self, k, v)
+        # the initial content: a copy of each mutable value (a C loop: the common values,
+        # ints and strs, cost a type test each)
+        cdef PyObject *key
+        cdef PyObject *val
+        cdef Py_ssize_t pos = 0
+        cdef list todo = None
+        while PyDict_Next(self._data, &pos, &key, &val):
+            t = type(<object>val)
+            if t is int or t is str or t is float or t is bool or t is bytes or <object>val is None:
+                continue
+            if todo is None:
+                todo = []
+            todo.append(<object>key)
+        if todo is not None:
+            for k in todo:
+                _keep(self, k, self._data[k])
 
     def set(self, key, value):
         """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""

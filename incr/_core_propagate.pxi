@@ -68,7 +68,8 @@ cdef void set_input(Runtime rt, Input inp, object value) except *:
     apply_set(rt, inp, value)
 
 
-from incr.keys import _registry as _type_registry   # (register_type fills it in place)
+from incr.keys import _registry as _keys_registry
+cdef dict _type_registry = _keys_registry   # (register_type fills it in place; a C reference)
 
 
 cdef object own_copy(object value):
@@ -86,9 +87,14 @@ cdef object own_copy(object value):
 
 
 cdef void apply_set(Runtime rt, Input inp, object value) except *:
+    cdef type t
     if _same_value(inp.value if inp.shadow is None else (<tuple>inp.shadow)[0], value):
         return
-    inp.shadow = own_copy(value)
+    t = type(value)
+    if t is int or t is float or t is str or t is bool:   # (the common values: no call)
+        inp.shadow = None
+    else:
+        inp.shadow = own_copy(value)
     inp.value = value
     inp.vhash = None
     rt.clock += 1
