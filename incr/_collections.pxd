@@ -119,6 +119,7 @@ cdef class MapBase(NodeBase):
     cdef public long long _log_start
     cdef public object _sorted
     cdef public object _kind
+    cdef public object _shape         # tuple keys: each position's kind (_shape_merge), or None
     cdef public long long _ran_from
     cdef public object _vcache
     cdef public long long _bulk_builds
@@ -132,6 +133,7 @@ cdef class MapBase(NodeBase):
     cdef public object _anchor
     cdef public object _anchor_get     # _anchor.get, bound once
     cdef public dict _key_inputs
+    cdef public dict _shadow         # key -> the map's own copy of a mutable value, or None
 
     cdef bint put(self, object key, object value) except -1
     cdef bint delete(self, object key) except -1
@@ -155,6 +157,6 @@ cdef class FoldBase(NodeBase):
 
 
 cdef class InputMapBase(MapBase):
-    pass
+    pass   # (no cdef methods: InputMap's instances get MapBase's vtable, see _collections.pyx)
 
 

@@ -22,9 +22,10 @@ from types import CoroutineType
 from collections.abc import Mapping, KeysView, ItemsView, ValuesView
 
 from incr._core cimport (Cell, Runtime, Instance, Node, Input, Frame, demand, lookup,
-                        table_for, quiet_enter, set_input, run)
+                        table_for, quiet_enter, set_input, run, same_value, deferring,
+                        defer_op, own_copy)
 from incr._core import EQUAL, IDENTITY, current
-from incr.errors import _Deferred
+from incr.errors import IncrError, _Deferred
 
 _EMPTY = object()
 
@@ -486,8 +487,14 @@ cdef class SumFold:
         return self.tree.delete(key)
 
     cdef object cvalue(self):
+        cdef object v
         if self.tree is not None:
-            return self.tree.value
+            v = self.tree.value
+            if type(v) is bool and len(self.tree):
+                # one bool left in the tree (its aggregate is the value itself): plain sum()
+                # and the running total give the int, so the tree does too, whatever the history
+                return 0 + v
+            return v
         if not self.vals:
             return self.identity
         return self.total
@@ -680,20 +687,52 @@ def _key_kind(key, where, whole=_EMPTY):
     return kind
 
 
-cdef inline bint _same(object a, object b):
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
 def same(a, b):
-    """Same type and ==, a raising == being "different" (input maps' no-op test)."""
-    return _same(a, b)
+    """The core's "same value" test (Input.set's): input maps' no-op test."""
+    return same_value(a, b)
+
+
+cdef object _shape_merge(object shape, tuple key, str where, object whole):
+    # Tuple keys are ordered position by position: each position must hold one kind across a
+    # map's keys (numbers, str, bytes, None, or tuples of the same shape), else two keys cannot
+    # be compared. `shape` is the list of position kinds seen (None: none yet); returns the
+    # shape with `key` added (a new list when it grows: `shape` itself is not changed), or
+    # raises TypeError naming the map and the key.
+    cdef list out = shape if shape is not None else []
+    cdef bint copied = shape is None
+    cdef Py_ssize_t i
+    for i in range(len(key)):
+        part = key[i]
+        kind = _KINDS.get(type(part))
+        if i >= len(out):
+            if not copied:
+                out = list(out)
+                copied = True
+            out.append(_shape_merge(None, <tuple>part, where, whole) if kind == "tuple" else kind)
+            continue
+        have = out[i]
+        if kind == "tuple" and type(have) is list:
+            sub = _shape_merge(have, <tuple>part, where, whole)
+            if sub is not have:
+                if not copied:
+                    out = list(out)
+                    copied = True
+                out[i] = sub
+        elif kind != have:
+            raise TypeError(f"{where}: key {whole!r} cannot be ordered with the map's other keys: "
+                            f"a part of it is {'a tuple' if kind == 'tuple' else kind} where "
+                            f"theirs is {'a tuple' if type(have) is list else have} (tuple keys "
+                            f"are compared position by position: each position holds one kind)")
+    return out
+
+
+def _check_shapes(keys, where):
+    """Raise TypeError naming ``where`` and the key if tuple keys cannot all be ordered."""
+    shape = None
+    for k in keys:
+        if type(k) is tuple:
+            shape = _shape_merge(shape, k, where, k)
+    return shape
 
 
 @cython.final
@@ -913,6 +952,16 @@ cdef void _no_coroutines(MapBase node, dict data) except *:
                         f"cell) or return the value")
 
 
+def _refuse_foreign(node, cur):
+    # a collection read inside a running cell of another runtime: that cell would not depend on
+    # it (a silent stale value later), so it is refused, as an Input of another runtime is
+    if cur is not None and cur is not node._rt:
+        running = cur._running()
+        if running is not None:
+            raise IncrError(f"{node.label} belongs to another runtime than the one running "
+                            f"{running.label_text}; declare it on that runtime")
+
+
 cdef class NodeBase(Cell):
     """A collection node: a cell with no arguments whose run updates the node (_drive)."""
 
@@ -950,8 +999,10 @@ cdef class NodeBase(Cell):
         # bring the node up to date on its runtime; inside a running cell of that runtime the
         # read is recorded like any cell call
         rt = self._rt
-        if current() is rt:
+        cur = current()
+        if cur is rt:
             return Cell.__call__(self)
+        _refuse_foreign(self, cur)
         return rt._demand_top(self.own())
 
     def __call__(self):
@@ -1024,6 +1075,8 @@ cdef class MapBase(NodeBase):
             raise TypeError(f"{self.label}: key {key!r} cannot be ordered with the map's "
                             f"other keys (all keys of a map are of one kind: numbers, "
                             f"str, bytes or tuples)")
+        if kind == "tuple":
+            _shape_merge(self._shape if self._data else None, <tuple>key, self.label, key)
         return kind
 
     def _put(self, key, value):
@@ -1036,15 +1089,12 @@ cdef class MapBase(NodeBase):
             kind = self._check_kind(key)
             if self._kind is None or not data:
                 self._kind = kind
+                self._shape = None
+            if kind == "tuple":
+                self._shape = _shape_merge(self._shape, <tuple>key, self.label, key)
             self._sorted = None
-        elif <object>old is value:
+        elif same_value(<object>old, value):     # (the rule a cell's cutoff uses)
             return False
-        elif type(<object>old) is type(value):
-            try:
-                if <object>old == value:
-                    return False
-            except Exception:
-                pass
         data[key] = value
         self.emit(key)
         return True
@@ -1204,6 +1254,7 @@ cdef class MapBase(NodeBase):
         cdef long long end = self._log_start + len(self._log)
         self._data = data
         self._kind = (<MapBase>self._up)._kind
+        self._shape = (<MapBase>self._up)._shape
         self._sorted = None
         self._log = []
         self._log_start = end + len(data)
@@ -1329,8 +1380,59 @@ cdef class MapBase(NodeBase):
         self.track(<Runtime?>rt)
 
 
+cdef inline object _last(MapBase m, object key, object old):
+    # what a set of an input map's `key` (holding `old`) is compared with
+    cdef PyObject *s
+    if m._shadow:
+        s = PyDict_GetItem(m._shadow, key)
+        if s != NULL:
+            return <object>s
+    return old
+
+
+cdef void _keep(MapBase m, object key, object value) except *:
+    # an input map's `key` now holds `value`: keep the map's own copy of it if it is mutable
+    cdef type t = type(value)
+    if t is int or t is str or t is float or t is bool:     # (the common values: no call)
+        if m._shadow:
+            m._shadow.pop(key, None)
+        return
+    o = own_copy(value)
+    if o is not None:
+        if m._shadow is None:
+            m._shadow = {}
+        m._shadow[key] = (<tuple>o)[0]
+    elif m._shadow:
+        m._shadow.pop(key, None)
+
+
 cdef class InputMapBase(MapBase):
-    """The compiled part of an incremental input map (incr.collections.InputMap)."""
+    """The compiled part of an incremental input map (incr.collections.InputMap). (No cdef
+    methods here: InputMap's instances are laid out, and get the vtable, of MapBase.)
+
+    Like an Input, it keeps its own copy of a mutable value (a list, dict, tuple holding
+    them, a registered type: own_copy, the copy a cell keeps of its arguments) and compares
+    the next set of that key with the copy: mutating the object given, or the one get()
+    returned, then setting it again is a change. A change made while another thread's pass
+    is running is made when that pass ends, as the next revision (CONCURRENCY.md rule 1)."""
+
+    def _keep_all(self):
+        # the initial content: a copy of each mutable value (a C loop: the common values,
+        # ints and strs, cost a type test each)
+        cdef PyObject *key
+        cdef PyObject *val
+        cdef Py_ssize_t pos = 0
+        cdef list todo = None
+        while PyDict_Next(self._data, &pos, &key, &val):
+            t = type(<object>val)
+            if t is int or t is str or t is float or t is bool or t is bytes or <object>val is None:
+                continue
+            if todo is None:
+                todo = []
+            todo.append(<object>key)
+        if todo is not None:
+            for k in todo:
+                _keep(self, k, self._data[k])
 
     def set(self, key, value):
         """Give ``key`` the value ``value`` (adding it). The same value changes nothing."""
@@ -1338,7 +1440,7 @@ cdef class InputMapBase(MapBase):
         cdef PyObject *old = PyDict_GetItem(data, key)
         cdef long long n
         if old != NULL:
-            if <object>old is value or _same(<object>old, value):
+            if same_value(_last(self, key, <object>old), value):
                 return
         else:
             try:
@@ -1346,20 +1448,99 @@ cdef class InputMapBase(MapBase):
             except (TypeError, ValueError):   # not a key (unhashable, NaN): say which map
                 _key_kind(key, f"input_map {self.label!r}: set")
                 raise
-        if self._key_inputs and key in self._key_inputs:
-            return self._set_batched(key, value)
+        cdef Runtime rt = (<Input>self._anchor).rt
+        if deferring(rt) or (self._key_inputs and key in self._key_inputs):
+            return self._apply({key: value}, ())
         # one set of the anchor is one revision: no batch needed (the set raises
         # ReentrancyError inside a computation, before anything changed)
         n = self._stamp + 1
         cdef Stamp st = Stamp.__new__(Stamp)
         st.n = n
-        set_input((<Input>self._anchor).rt, <Input>self._anchor, st)
+        set_input(rt, <Input>self._anchor, st)
         self._stamp = n
+        _keep(self, key, value)
         if old == NULL:
             self.put(key, value)
             return
         data[key] = value
         self.emit(key)
+
+    def _apply(self, dict sets, dels):
+        """Set every (key, value) of ``sets`` and remove every key of ``dels`` that is there
+        (a key in both ends up removed), as one revision; all or nothing: every key is checked
+        first, and from the first change to the last nothing calls back into Python but the
+        values' own comparisons. During another thread's pass: done when it ends."""
+        cdef dict data = self._data
+        cdef Runtime rt = (<Input>self._anchor).rt
+        cdef Input inp
+        cdef long long n
+        cdef PyObject *old
+        if deferring(rt):
+            # the values as they are now (the caller may change its objects afterwards)
+            owned = {}
+            for k, v in sets.items():
+                o = own_copy(v)
+                owned[k] = v if o is None else (<tuple>o)[0]
+            if defer_op(rt, lambda: self._apply(owned, dels)):
+                return
+        gone = set(dels)
+        changed = []
+        kind = None
+        shape = None
+        for k, v in sets.items():
+            if k in gone:
+                continue
+            old = PyDict_GetItem(data, k)
+            if old != NULL:
+                if not same_value(_last(self, k, <object>old), v):
+                    changed.append((k, v))
+                continue
+            # a new key: a key, of the map's kind (checked before anything changes)
+            kk = _key_kind(k, f"input_map {self.label!r}: update")
+            want = self._kind if data and self._kind is not None else kind
+            if want is not None and kk != want:
+                raise TypeError(f"input_map {self.label!r}: update: key {k!r} cannot be "
+                                f"ordered with the map's other keys (all keys of a map are "
+                                f"of one kind: numbers, str, bytes or tuples); nothing was "
+                                f"changed")
+            kind = kk
+            if kk == "tuple":
+                shape = _shape_merge(shape if shape is not None else (self._shape if data
+                                     else None), <tuple>k, f"input_map {self.label!r}: update",
+                                     k)
+            changed.append((k, v))
+        dropped = [k for k in gone if k in data]
+        if not changed and not dropped:
+            return
+        rt._batch_enter()          # raises ReentrancyError inside a computation
+        try:
+            n = self._stamp + 1
+            st = Stamp.__new__(Stamp)
+            (<Stamp>st).n = n
+            set_input(rt, <Input>self._anchor, st)   # (the same inside a stabilization)
+            self._stamp = n
+            keyed = self._key_inputs
+            for k, v in changed:
+                _keep(self, k, v)
+                if k in data:
+                    data[k] = v        # (not put: it would take a mutated object as the same)
+                    self.emit(k)
+                else:
+                    self.put(k, v)
+                if keyed:
+                    i = keyed.get(k)
+                    if i is not None:
+                        set_input(rt, <Input>i, v)
+            for k in dropped:
+                if self._shadow:
+                    self._shadow.pop(k, None)
+                self.delete(k)
+                if keyed:
+                    i = keyed.get(k)
+                    if i is not None:
+                        set_input(rt, <Input>i, ABSENT)
+        finally:
+            rt._batch_exit()
 
 
 cdef class FoldBase(NodeBase):

@@ -62,6 +62,8 @@ cdef class Node:
 
 cdef class Input(Node):
     cdef readonly str name
+    cdef object shadow               # (own copy,) of a mutable value, else None: what a set
+                                     # is compared with (mutating the value changes nothing)
 
 
 cdef class Instance(Node):
@@ -227,7 +229,8 @@ cdef class Runtime:
     cdef public list unwinding       # incr._aio work started and unwinding to an await (a run
                                      # that returns while it grows swallowed the unwinding)
     cdef list pending_sets           # (Input, value) set by other threads during a pass: the
-                                     # next revision, applied by leave() in order
+                                     # next revision, applied by leave() in order; (None, op):
+                                     # op() called then (defer_op)
     cdef public int catching         # incr._aio is in a sync step that may unwind for async
                                      # work (_Suspend); outside one, that is an IncrError
     cdef int keep_failed             # async operations in progress: `failed` lasts across their
@@ -315,10 +318,14 @@ cdef int _await_send(PyObject *o, PyObject *arg, PyObject **result) except -1   
 
 # _core_backdate.pxi -- the cutoff decision: is a recomputed value the old one?
 cdef bint backdate(Instance n, object value) except -1
+cdef bint same_value(object old, object new)   # _same_value, for incr._collections
 
 # _core_propagate.pxi -- an input changes: dirty marking (push), batches, withdrawal
 cdef void dirty_from(Runtime rt, Node n)
 cdef void set_input(Runtime rt, Input inp, object value) except *
+cdef bint deferring(Runtime rt)     # another thread's pass is running: a change is deferred
+cdef bint defer_op(Runtime rt, object op) except -1   # queue op() as the next revision?
+cdef object own_copy(object value)   # an input's (own copy,) of a mutable value, or None
 cdef void apply_set(Runtime rt, Input inp, object value) except *
 cdef void invalidate(Runtime rt, Instance n) except *
 

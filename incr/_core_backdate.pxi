@@ -39,6 +39,12 @@ cdef inline bint _same_value(object old, object new):
         return False
 
 
+cdef bint same_value(object old, object new):
+    # _same_value for other modules (incr._collections: an input map's no-op test and a map
+    # node's per-key change test are this rule, not a copy of it)
+    return _same_value(old, new)
+
+
 cdef bint _same_set(object a, object b):
     # frozensets have no order to pair their elements by: compare their canonical, type-tagged
     # key forms (frozenset({1}) and frozenset({1.0}) differ, as argument keys do)

@@ -252,6 +252,13 @@ cdef void apply_pending(Runtime rt):
     cdef Input inp
     while rt.pending_sets and not rt.closed:
         inp, value = rt.pending_sets.pop(0)
+        if inp is None:          # an operation of several sets (defer_op): made now
+            try:
+                value()
+            except Exception as e:
+                _warnings.warn(f"incr: a change made during the pass could not be made after "
+                               f"it ({e!r}); make it again", RuntimeWarning)
+            continue
         try:
             apply_set(rt, inp, value)
         except Exception as e:   # only a raising __eq__ of the value gets here

@@ -78,6 +78,7 @@ cdef class Input(Node):
         self.rt = rt
         self.name = name
         self.value = value
+        self.shadow = own_copy(value)
         self.flags = F_INPUT | F_HAS_VALUE
         rt.ts_clock += 1
         self.ts = rt.ts_clock

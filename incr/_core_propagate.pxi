@@ -32,10 +32,28 @@ cdef void dirty_from(Runtime rt, Node n):
             todo.extend(m.dependents)
 
 
+cdef bint deferring(Runtime rt):
+    # another thread's pass works on the current revision: a change now forms the next one
+    return other_busy(rt) or (rt.frames and PyThread_get_thread_ident() != rt.owner
+                              and rt.busy_depth)
+
+
+cdef bint defer_op(Runtime rt, object op) except -1:
+    # For a change of several inputs at once (an input map's set / delete / update): when
+    # another thread's pass is running, op() is queued and called when that pass ends (in
+    # order with other threads' sets: the next revision), and True is returned; otherwise
+    # False (the caller makes the change now). Nothing between the test and the queueing
+    # calls out.
+    check_usable(rt)
+    if deferring(rt):
+        rt.pending_sets.append((None, op))
+        return True
+    return False
+
+
 cdef void set_input(Runtime rt, Input inp, object value) except *:
     check_usable(rt)
-    if other_busy(rt) or (rt.frames and PyThread_get_thread_ident() != rt.owner
-                             and rt.busy_depth):
+    if deferring(rt):
         # another thread's pass works on the current revision: this change forms the
         # next one, applied when that pass ends (never a mix of old and new in it)
         rt.pending_sets.append((inp, value))
@@ -50,9 +68,33 @@ cdef void set_input(Runtime rt, Input inp, object value) except *:
     apply_set(rt, inp, value)
 
 
+from incr.keys import _registry as _keys_registry
+cdef dict _type_registry = _keys_registry   # (register_type fills it in place; a C reference)
+
+
+cdef object own_copy(object value):
+    # An input keeps (its own copy,) of a mutable value (keys.own_args, the copy a cell keeps
+    # of its arguments) and compares the next set with it: mutating the object given, or the
+    # one get() returned, then setting it again is a change. None for a value with nothing
+    # mutable (no copy, compared with the value itself), or one that cannot be copied.
+    cdef type t = type(value)
+    if t is not list and t is not dict and t is not tuple and t not in _type_registry:
+        return None                 # (nothing else is copied: own_args would keep it as is)
+    try:
+        return _keys.own_args((value,))
+    except Exception:
+        return None
+
+
 cdef void apply_set(Runtime rt, Input inp, object value) except *:
-    if _same_value(inp.value, value):
+    cdef type t
+    if _same_value(inp.value if inp.shadow is None else (<tuple>inp.shadow)[0], value):
         return
+    t = type(value)
+    if t is int or t is float or t is str or t is bool:   # (the common values: no call)
+        inp.shadow = None
+    else:
+        inp.shadow = own_copy(value)
     inp.value = value
     inp.vhash = None
     rt.clock += 1

@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 from incr._collections import (_ABSENT, _KINDS, MODE_FILTER, MODE_HOOKS, MODE_INPUT, MODE_MAP,
                                FoldBase, FoldTree, InputMapBase, MapBase, MapView, MinMaxFold,
-                               NodeBase, PerKeyFn, Stamp, SumFold, _key_kind, same as _same)
+                               NodeBase, PerKeyFn, Stamp, SumFold, _key_kind,
+                               _check_shapes, _refuse_foreign)
 from incr._core import Cell, Input, current
 from incr._core import _refuse_coroutine_function as _refuse_async_fn
 from incr.keys import register_type
@@ -45,6 +46,7 @@ from incr.keys import register_type
 __all__ = ["IncrMap", "InputMap", "Fold", "Group", "MapView", "input_map"]
 
 _Node = NodeBase
+_EMPTY_KIND = object()
 _PerKeyFn = PerKeyFn
 
 def _pairs(mapping: Any, where: str) -> dict:
@@ -311,8 +313,17 @@ class InputMap(IncrMap, InputMapBase):
             if simple and float in kinds and any(k != k for k in data):
                 simple = False      # a NaN key: refused below, naming it
             if not simple:
+                first = _EMPTY_KIND
                 for k in data:
-                    _key_kind(k, f"input_map {name!r}")
+                    kind = _key_kind(k, f"input_map {name!r}")
+                    if first is _EMPTY_KIND:
+                        first, first_key = kind, k
+                    elif kind != first:     # (before the name is taken, as the checks above)
+                        raise TypeError(f"input_map {name!r}: key {k!r} cannot be ordered with "
+                                        f"the key {first_key!r} (all keys of a map are of one "
+                                        f"kind: numbers, str, bytes or tuples)")
+                if first == "tuple":
+                    _check_shapes(data, f"input_map {name!r}")
         self._stamp = 0
         self._anchor = rt.input(name, Stamp(0))   # reserves the name; ValueError if taken
         self._anchor_get = self._anchor.get
@@ -329,32 +340,12 @@ class InputMap(IncrMap, InputMapBase):
                     self._put(k, v)
             self._log.clear()       # a consumer's first run reads everything anyway
             self._log_start = 0
+            self._keep_all()        # its own copy of each mutable value
 
     @property
     def revision(self) -> int:
         """The input's own change counter (for tests)."""
         return self._stamp
-
-    def _bump(self) -> None:
-        # first: raises ReentrancyError (nothing changed) inside a computation
-        self._stamp += 1
-        try:
-            self._anchor.set(Stamp(self._stamp))
-        except BaseException:
-            self._stamp -= 1
-            raise
-
-    def _key_changed(self, key: Any) -> None:
-        inp = self._key_inputs.get(key)
-        if inp is not None:
-            inp.set(self._data.get(key, _ABSENT))
-
-    # set(key, value): InputMapBase (compiled); with a per-key input read by a cell, here
-    def _set_batched(self, key: Any, value: Any) -> None:
-        with self._rt.batch():
-            self._bump()
-            self._put(key, value)
-            self._key_changed(key)
 
     def delete(self, key: Any) -> None:
         """Remove ``key`` (KeyError if it is not there)."""
@@ -365,35 +356,25 @@ class InputMap(IncrMap, InputMapBase):
             raise
         if not there:
             raise KeyError(key)
-        with self._rt.batch():
-            self._bump()
-            self._del(key)
-            self._key_changed(key)
+        self._apply({}, (key,))
 
     def update(self, mapping: Any = (), *, delete: Any = ()) -> None:
         """Set every ``(key, value)`` of ``mapping`` and remove every key of ``delete``
-        (missing ones are ignored; a key in both ends up removed), as one revision."""
-        items = list(_pairs(mapping, f"input_map {self.label!r}: update").items())
+        (missing ones are ignored; a key in both ends up removed), as one revision: all of
+        it or, on a bad key or an interrupt, none of it. ``delete`` is a collection of keys
+        (a str or bytes there is a TypeError: pass ``[key]``)."""
+        sets = _pairs(mapping, f"input_map {self.label!r}: update")
+        if isinstance(delete, (str, bytes)):
+            raise TypeError(f"input_map {self.label!r}: update: delete= needs a collection of "
+                            f"keys, got the {type(delete).__name__} {delete!r:.60}; to delete "
+                            f"that one key pass delete=[{delete!r:.60}]")
         try:
-            gone = set(delete)
+            gone = tuple(delete)
+            set(gone)
         except TypeError as e:
             raise TypeError(f"input_map {self.label!r}: update: delete= needs an iterable of keys, got "
                             f"{delete!r:.60} ({e})") from None
-        changed = [(k, v) for k, v in items
-                   if k not in gone and not _same(self._data.get(k, _ABSENT), v)]
-        dels = [k for k in gone if k in self._data]
-        if not changed and not dels:
-            return
-        for k, _ in changed:
-            _key_kind(k, f"input_map {self.label!r}: update")
-        with self._rt.batch():
-            self._bump()
-            for k, v in changed:
-                self._put(k, v)
-                self._key_changed(k)
-            for k in dels:
-                self._del(k)
-                self._key_changed(k)
+        self._apply(sets, gone)
 
     # reads: per key inside a cell, plain outside
     def _key_input(self, key: Any) -> Input:
@@ -404,7 +385,11 @@ class InputMap(IncrMap, InputMapBase):
         return inp
 
     def _in_cell(self) -> bool:
-        return current() is self._rt and self._rt._running() is not None
+        cur = current()
+        if cur is self._rt:
+            return self._rt._running() is not None
+        _refuse_foreign(self, cur)          # IncrError inside a cell of another runtime
+        return False
 
     def __getitem__(self, key: Any) -> Any:
         v = self._key_input(key).get() if self._in_cell() else self._data.get(key, _ABSENT)
