@@ -113,7 +113,7 @@ cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1:
 # max_workers - 1 in flight) and does the first itself. A worker runs the cell's function
 # (or the thunk) with its reads logged, not recorded: it may read inputs (revision R: a set
 # from another thread is queued until the pass ends) and instances that are up to date, and
-# it may compute, nested, a first computation that nothing else runs (lend_can_run); any
+# it may compute, nested, a first computation that nothing else runs (_lend_state, 0); any
 # other read stops it ("missing"). The driver takes a worker's run where attempt() would
 # run the instance (lend_take): it waits for the job, checks that every read is still
 # current, and runs the instance with rt.remote set, so that run() replays the logged reads
@@ -278,8 +278,9 @@ cdef bint lend_fresh(Runtime rt, list log, dict cells) except -1:
 def _lend_state(Runtime rt, Instance n):
     """In a worker thread, for n not up to date when read: 0 it may compute n itself (a
     first computation of a plain sync cell nothing else runs, lends or failed in this pass);
-    1 the driver can bring it up to date (a plain cell: stale, running there, or lent);
-    2 it must stop; 3 n is up to date now; 4 n failed in this pass."""
+    1 a plain cell the driver brings up to date (stale, running there, or lent) and 2 one
+    it may not run (runs ahead, not a plain sync cell): either way the worker's run stops;
+    3 n is up to date now; 4 n failed in this pass."""
     if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
         return 3
     if not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING)) and n in rt.failed:
@@ -305,48 +306,6 @@ def _lend_claim(Runtime rt, Instance n, box):
 
 def _lend_failure(Runtime rt, Instance n):
     return rt.failed[n]
-
-
-def _lend_on_stack(Instance n):
-    return (n.flags & (F_RUNNING | F_VERIFYING)) != 0
-
-
-def _lend_serve(Runtime rt, Instance n):
-    """Driver thread: bring n up to date for a worker that waits for it. 1 done (up to date,
-    or failed: the worker reads the failure), 2 not now (n is being computed further out on
-    this thread's stack), 0 refused (its work runs ahead: the worker stops)."""
-    if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
-        return 1
-    if not (n.flags & F_HAS_VALUE) and n in rt.failed:
-        return 1
-    if n.flags & F_AHEAD:
-        return 0
-    if n.flags & (F_RUNNING | F_VERIFYING) or rt.frames:
-        # being computed further out, or this thread waits inside a running cell: a run
-        # made now could read what is running here and fail as a cycle that is not one
-        return 2
-    try:
-        ensure(rt, n)
-    except _Suspend:
-        raise
-    except _Deferred:
-        return 0
-    except CycleError:
-        # its verification meets what this thread is verifying further out (or a real
-        # cycle): not now; asked again when this thread next waits, else the worker
-        # stops and the run here meets the cycle, if it is one
-        return 2 if _needs_work(n) else 1
-    except Exception:
-        return 1                       # failed: kept in rt.failed for this pass
-    return 1
-
-
-def _lend_can_run(Runtime rt, Instance n):
-    """In a worker thread: whether it may compute n itself (a first computation of a plain
-    sync cell that nothing else runs, lends or failed in this pass)."""
-    return (not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING | F_AHEAD))
-            and lend_ok(n.cell) and n not in rt.failed
-            and (rt.lent is None or n not in rt.lent))
 
 
 def _lend_invoke(Instance n):

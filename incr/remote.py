@@ -144,9 +144,7 @@ class Ahead:
         # thunks): instance -> (kind, payload, log, cells) of a finished worker run
         self.lent_done: dict = {}
         self.lendings: list = []    # the open _Lending objects (nested gathers: several)
-        self.cond = threading.Condition()
-        self.asks: list = []        # _Ask: workers waiting for the driver
-        self.later: list = []       # _Ask whose node was being computed further out
+        self.cond = threading.Condition()   # notified when a lent job finishes
 
     # -- generator calls (incr.llmnodes) ------------------------------------------------------
 
@@ -434,7 +432,6 @@ class _Lending:
         self.ctx = contextvars.copy_context()
         self.taken: list = []        # instances registered in rt.lent by this lending
         self.closed = False
-        self.stopping = False
         self.boxes: dict = {}        # job index -> _Box (what its worker waits for)
         self.outcomes: dict = {}     # job index -> its outcome, once the driver waited for it
 
@@ -466,7 +463,7 @@ class _Lending:
             self.skipped.add(i)
             return None
         self.top_up()
-        out = self.ahead._await(f, self.boxes[i])   # (interrupted: close() still waits)
+        out = self.ahead._await(f)   # (interrupted: close() still waits)
         del self.futures[i]
         self.outcomes[i] = out
         self.top_up()
@@ -489,7 +486,6 @@ class _Lending:
         gather); returns the lent instances whose job finished, not yet taken."""
         for f in list(self.futures.values()):
             f.cancel()
-        self.ahead._stop_asks(self)
         done = []
         for i, f in list(self.futures.items()):
             if f.cancelled():
@@ -553,7 +549,7 @@ def _lent_result(self, m):
         box = lending
         fut = box.lending.futures.get(box.index)
         if fut is not None:
-            self._await(fut, box, lambda: m in self.lent_done)
+            self._await(fut, lambda: m in self.lent_done)
         if m not in self.lent_done:
             box.lending.wait(box.index)
         return self.lent_done.get(m)
@@ -642,11 +638,10 @@ def _nested(self, n):
 
 def _worker_demand(self, n):
     """demand() in a worker thread of n, which is not up to date. A lent cell's run (or a
-    gather's thunk) computes it here when it is a first computation nothing else runs; asks
-    the driver to bring it up to date, and waits, when the driver can (a plain cell that is
-    stale, running there or lent); reads the failure of one that failed in this pass; and
-    otherwise -- and for every read of an LLM generator running ahead -- stops the run
-    (_Deferred)."""
+    gather's thunk) computes it here when it is a first computation nothing else runs; reads
+    the failure of one that failed in this pass; and otherwise (a stale instance, one running
+    in the driver or lent, an LLM node, an async cell) -- and for every read of an LLM
+    generator running ahead -- stops the run (_Deferred): the driver runs it again itself."""
     from incr import _core
     loc = self._local
     cells = getattr(loc, "cells", None)
@@ -685,127 +680,25 @@ def _worker_demand(self, n):
     return got[1]
 
 
-class _Ask:
-    """A worker's request that the driver bring one instance up to date."""
-    __slots__ = ("node", "box", "event", "serving", "stopped")
-
-    def __init__(self, node, box):
-        self.node, self.box = node, box
-        self.event = threading.Event()
-        self.serving = False
-        self.stopped = False
-
-
-def _ask(self, n):
-    """In a worker thread: wait until the driver has brought n up to date (or refused)."""
-    loc = self._local
-    box = loc.box
-    req = _Ask(n, box)
+def _await(self, fut, until=None):
+    """Driver thread: wait for a lent job to finish (its outcome), or until ``until()``
+    holds (None)."""
     with self.cond:
-        if box.lending.stopping:
-            loc.stops += 1
-            raise _Deferred(n.label_text)
-        box.asking = req
-        self.asks.append(req)
-        self.cond.notify_all()
-    try:
-        req.event.wait()
-    finally:
-        box.asking = None
-    if req.stopped:
-        loc.stops += 1
-        raise _Deferred(n.label_text)
-
-
-def _serve(self, req) -> None:
-    """Driver thread: bring req.node up to date for the worker waiting on it."""
-    from incr import _core
-    req.serving = True
-    done = True
-    try:
-        if not req.stopped:
-            r = _core._lend_serve(self.rt, req.node)
-            if r == 2:                # being computed further out: asked again later
-                done = False
-                self.later.append(req)
-            elif r == 0:
-                req.stopped = True
-    except BaseException:
-        req.stopped = True
-        raise
-    finally:
-        req.serving = False
-        if done:
-            req.event.set()
-
-
-def _await(self, fut, box, until=None):
-    """Driver thread: wait for a lent job, serving the workers' requests meanwhile. A job
-    whose worker waits for what this thread is doing further out (a request being served, an
-    instance on its stack: a cycle) is told to stop."""
-    from incr import _core
-    cond = self.cond
-    if self.later:                    # asked while their node ran further out: again now
-        with cond:
-            self.asks[:0] = self.later
-            self.later = []
-    while True:
-        req = box.asking
-        if req is not None and not req.event.is_set() and (
-                req.serving or req in self.later or _core._lend_on_stack(req.node)):
-            req.stopped = True
-            req.event.set()
-        with cond:
-            while not fut.done() and not self.asks and not (
-                    box.asking is not None and box.asking.serving) and not (
-                    until is not None and until()):
-                cond.wait(0.05)
-            asks, self.asks = self.asks, []
-        if not asks and fut.done():
-            return fut.result()
-        if not asks and until is not None and until():
-            return None
-        for i, req in enumerate(asks):
-            try:
-                self._serve(req)
-            except BaseException:
-                for r in asks[i + 1:]:
-                    r.stopped = True
-                    r.event.set()
-                raise
-
-
-def _stop_asks(self, lending) -> None:
-    """A lending closes: its workers' requests are refused (they stop)."""
-    with self.cond:
-        lending.stopping = True
-        keep = []
-        for req in self.asks:
-            if req.box.lending is lending:
-                req.stopped = True
-                req.event.set()
-            else:
-                keep.append(req)
-        self.asks = keep
-        keep = []
-        for req in self.later:
-            if req.box.lending is lending:
-                req.stopped = True
-                req.event.set()
-            else:
-                keep.append(req)
-        self.later = keep
+        while not fut.done() and not (until is not None and until()):
+            self.cond.wait(0.05)
+    if fut.done():
+        return fut.result()
+    return None
 
 
 class _Box:
-    """One lent job: its lending and index, and what its worker waits for. Also the value
-    of rt.lent for a first computation its worker claimed (the driver then waits for it)."""
-    __slots__ = ("lending", "index", "asking")
+    """One lent job: its lending and index. Also the value of rt.lent for a first
+    computation its worker claimed (the driver then waits for it)."""
+    __slots__ = ("lending", "index")
 
     def __init__(self, lending, index):
         self.lending = lending
         self.index = index
-        self.asking = None
 
 
 Ahead.lend = _lend
@@ -813,7 +706,4 @@ Ahead.lent_result = _lent_result
 Ahead._job = _job
 Ahead._nested = _nested
 Ahead.worker_demand = _worker_demand
-Ahead._ask = _ask
-Ahead._serve = _serve
 Ahead._await = _await
-Ahead._stop_asks = _stop_asks
