@@ -85,7 +85,8 @@ def gather(*thunks):
     would wait for each. The values and the dependencies recorded are those of calling them
     in order: ``[t() for t in thunks]`` (Salsa's ``par_map``). The model calls are those too,
     with one exception: a later thunk's call made concurrently is not taken back when an
-    earlier thunk fails (in order, it would never have been made).
+    earlier thunk fails (in order, it would never have been made); it is made once, and its
+    result is kept: a later demand of that node takes it, with no new call.
 
     Raises the first exception a thunk raises, as calling them in order would.
 
