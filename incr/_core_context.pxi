@@ -15,6 +15,7 @@
 
 
 _default_runtime = None
+cdef long long _gather_seq = 0     # incr.gather calls made (each tags its thunks' reads)
 
 
 import os as _os
@@ -129,6 +130,9 @@ class _Gather:
 
     def __init__(self, thunks):
         self.thunks = thunks
+        global _gather_seq
+        _gather_seq += 1
+        self.gid = _gather_seq      # tags what each thunk read (gather_tag, _core_schedule.pxi)
 
     def __call__(self):
         cdef Runtime rt = <Runtime>current()
@@ -170,8 +174,17 @@ class _Gather:
         out = []
         deferred = None
         cdef Py_ssize_t i = -1
+        cdef Py_ssize_t k0 = 0
+        frame = None        # the driver's running frame: what each thunk reads is tagged
+        if rt.frames and rt.owner == PyThread_get_thread_ident() and not (
+                rt.prefetch is not None and rt.prefetch.is_worker()):
+            frame = rt.frames[len(rt.frames) - 1]
+            if (<Frame>frame).id == rt.quiet:
+                frame = None    # (untracked: nothing is recorded)
         for t in self.thunks:
             i += 1
+            if frame is not None:
+                k0 = len((<Frame>frame).reads)
             try:
                 if i and lending is not None:
                     out.append(_lent_thunk(rt, lending, i - 1, t))
@@ -195,6 +208,9 @@ class _Gather:
                 if isinstance(deferred, _Suspend):
                     _aio_mod().abandon(current(), deferred.works)   # an interrupt: dropped
                 raise
+            finally:
+                if frame is not None:
+                    gather_tag(rt, frame, k0, (self.gid, i))
         if deferred is not None:
             raise deferred
         for i in range(len(out)):

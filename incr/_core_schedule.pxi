@@ -31,6 +31,7 @@ cdef inline void ahead_clear(Runtime rt):
     for m in rt.ahead_marked:
         m.flags &= ~F_AHEAD
     rt.ahead_marked = []
+    rt.ahead_blocked = None
 
 
 cdef void ahead_start(Runtime rt) except *:
@@ -317,3 +318,135 @@ def _lend_invoke(Instance n):
 
 def _lend_same(a, b):
     return _same_value(a, b)
+
+
+# -- a demand's run-ahead: the stale LLM dependencies of a reader that gathered them ---------
+# A top-level demand (settle) opens no run-ahead until its verification walk, with no cell
+# running, is about to bring up to date a dependency that a reader read inside an incr.gather
+# of its last run, and two or more thunks' dependencies need work (ahead_trigger): the walk
+# then starts again with a run-ahead open, in rounds as stabilize's (demand_ahead), so the
+# stale LLM dependencies of every thunk set their calls aside in one round and are made at
+# once. The walk of a reader whose dependency now runs ahead goes on (ahead_wait, ahead_scan)
+# only to the dependencies that other thunks of the same gather read first: the reader's new
+# run reads those whatever the value that runs ahead turns out to be (the thunks are made
+# before gather is called; what the reader read before the gather checked out unchanged, else
+# the walk stopped there). The rest of that thunk's reads, another gather's, and whatever the
+# reader read outside a gather wait for the next round: no model call for a branch the new run
+# may not take. (Speculative only where a thunk's first read of a node another thunk read
+# first decides what else it reads: the dependency is tagged with the thunk that read it
+# first.) stabilize's walk is unchanged: it goes on past every dependency that runs ahead.
+#
+# Contract:
+#   - rt.gathered[m] is written only while m's run gathers (gather_tag, in the driver, from
+#     incr.gather) and dropped by attempt() before m runs again (put back when that run
+#     records nothing: _Deferred); it never changes what is recomputed, only what may be set
+#     aside together;
+#   - rt.demand_ahead is 0 outside demand_ahead(); _OpenAhead never escapes it; the
+#     run-ahead it opens is closed on every exit (ahead_close), rt.ahead_blocked with it.
+
+
+class _OpenAhead(Exception):
+    """ensure() in a top-level demand: a reader's gathered dependencies need work; the walk
+    starts again with a run-ahead open (demand_ahead). Never escapes settle()."""
+
+
+cdef object demand_ahead(Runtime rt, Instance n):
+    # settle(): a top-level demand of n -- ensure(n); when its walk reaches the gathered
+    # dependencies of a reader that need work, again with a run-ahead open, in rounds
+    cdef int rounds = 0
+    if rt.gathered is None or rt.prefetch is not None or rt.executor is not None \
+            or not (_run_ahead and rt.max_workers != 1):
+        return ensure(rt, n)
+    rt.demand_ahead = 1
+    try:
+        try:
+            return ensure(rt, n)
+        except _OpenAhead:
+            pass           # (ensure cleared its stack: what it brought up to date stands)
+        ahead_start(rt)
+        rt.demand_ahead = 2
+        while True:
+            try:
+                return ensure(rt, n)
+            except _Suspend:
+                raise
+            except _Deferred:
+                rounds += 1
+                ahead_round(rt, rounds)    # the calls set aside are made, at once
+    finally:
+        if rt.demand_ahead == 2:
+            ahead_close(rt)
+        rt.demand_ahead = 0
+
+
+cdef bint ahead_trigger(Runtime rt, Instance m, Node d) except -1:
+    # ensure(), a demand with no run-ahead open yet, about to push d for m: raises _OpenAhead
+    # when no cell runs, d was read inside a gather of m's last run, and another thunk's
+    # dependency of m needs work too
+    cdef dict tags
+    cdef Node e
+    if rt.frames or rt.gathered is None:
+        return False
+    tags = rt.gathered.get(m)
+    if tags is None:
+        return False
+    tag = tags.get(d)
+    if tag is None:
+        return False
+    for e in m.deps:
+        if e is not d and _needs_work(e):
+            other = tags.get(e)
+            if other is not None and other[0] == tag[0] and other[1] != tag[1]:
+                raise _OpenAhead()
+    return False
+
+
+cdef bint ahead_wait(Runtime rt, Instance m, Node d) except -1:
+    # ensure(), a demand's run-ahead: m waits for d, which runs ahead. True when the scan of
+    # m's dependencies goes on -- d was read first by a thunk of a gather of m's last run; the
+    # other reads of that thunk wait with it
+    cdef dict tags = rt.gathered.get(m) if rt.gathered is not None else None
+    tag = tags.get(d) if tags is not None else None
+    if tag is None:
+        return False
+    if rt.ahead_blocked is None:
+        rt.ahead_blocked = {}
+    b = rt.ahead_blocked.get(m)
+    if b is None:
+        rt.ahead_blocked[m] = [tag[0], {tag[1]}]
+        return True
+    if b[0] != tag[0]:
+        return False
+    b[1].add(tag[1])
+    return True
+
+
+cdef int ahead_scan(Runtime rt, Instance m, Node d) except -1:
+    # ensure(), a demand's run-ahead, m waiting (F_AHEAD): 0 scan d (another thunk of the same
+    # gather read it first), 1 skip it (a thunk that waits read it), 2 stop the scan
+    b = rt.ahead_blocked.get(m) if rt.ahead_blocked is not None else None
+    if b is None:
+        return 2
+    cdef dict tags = rt.gathered.get(m) if rt.gathered is not None else None
+    tag = tags.get(d) if tags is not None else None
+    if tag is None or tag[0] != b[0]:
+        return 2
+    return 1 if tag[1] in b[1] else 0
+
+
+cdef void gather_tag(Runtime rt, object frame, Py_ssize_t k0, object tag) except *:
+    # incr.gather in the driver: the reads thunk `tag` (gather, index) added to the running
+    # frame since k0 are tagged with it, for the reader's next verification
+    cdef Frame f = <Frame>frame
+    cdef list reads = f.reads
+    cdef Py_ssize_t k
+    cdef dict tags
+    if len(reads) <= k0:
+        return
+    if rt.gathered is None:
+        rt.gathered = {}
+    tags = rt.gathered.get(f.node)
+    if tags is None or tags.get(None) != f.id:    # (another run's: this run's replace them)
+        tags = rt.gathered[f.node] = {None: f.id}
+    for k in range(k0, len(reads)):
+        tags.setdefault(reads[k], tag)
