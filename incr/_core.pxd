@@ -306,6 +306,7 @@ cdef object stabilize_pass(Runtime rt)
 cdef void ahead_start(Runtime rt) except *
 cdef bint ahead_open(Runtime rt) except -1
 cdef void ahead_round(Runtime rt, int rounds) except *
+cdef void ahead_wanted(Runtime rt) except *   # what stopped calls running ahead, first
 cdef void ahead_close(Runtime rt)
 cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1   # an executor
 cdef object lend_pass(Runtime rt, list todo)       # a pass lends its ready observed instances

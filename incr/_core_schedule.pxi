@@ -57,6 +57,48 @@ cdef void ahead_round(Runtime rt, int rounds) except *:
     ahead_clear(rt)
     if not rt.prefetch.run() or rounds > 32:
         rt.prefetch.stop()      # nothing to run ahead: the next round is serial
+    elif rt.prefetch.wanted:
+        ahead_wanted(rt)
+
+
+cdef void ahead_wanted(Runtime rt) except *:
+    # calls running ahead stopped at a read of a node that was not up to date (a generator of
+    # a first pass reading its upstream LLM node): the driver brings those nodes up to date
+    # now, their own calls running ahead in rounds of their own, so that in the next round
+    # the stopped calls run ahead again -- at once -- instead of one after the other in the
+    # serial pass. Each wanted node is one the stopped call reads (it read it): no call is
+    # made that the serial pass would not make. When one cannot be brought up to date here
+    # (async, on the stack, failed), the Ahead stops and the stopped calls run serially.
+    cdef Instance n
+    cdef int k
+    cdef bint pending
+    wanted = rt.prefetch.wanted
+    rt.prefetch.wanted = []
+    for k in range(32):
+        pending = False
+        for n in wanted:
+            if not _needs_work(n):
+                continue
+            if n.cell.is_async or n.cell.awaited or n.flags & (F_RUNNING | F_VERIFYING) or (
+                    not (n.flags & F_HAS_VALUE) and n in rt.failed):
+                rt.prefetch.stop()
+                return
+            try:
+                ensure(rt, n)
+            except _Suspend:
+                raise
+            except _Deferred:
+                pending = True         # its own call runs ahead: the round below
+            except Exception:
+                rt.prefetch.stop()     # it failed (rt.failed): the serial pass meets that
+                return
+        ahead_clear(rt)
+        if not pending or not rt.prefetch.run():
+            break
+    for n in wanted:
+        if _needs_work(n):
+            rt.prefetch.stop()
+            return
 
 
 cdef void ahead_close(Runtime rt):

@@ -133,6 +133,7 @@ class Ahead:
         self.collecting = True      # LLM generator and validator calls are set aside
         self.reading = False        # worker threads are running generators now
         self.pending: list = []     # (node state, key, call) set aside by incr.llmnodes
+        self.wanted: list = []      # nodes not up to date that stopped calls running ahead
         self._local = threading.local()
         # executor runs: instance -> state
         self.tasks: dict = {}       # instance -> (given, keymap) waiting to be sent
@@ -328,17 +329,22 @@ class Ahead:
 
         def call(item):
             st, key, fn, _deadline = item
-            self._local.log = []
+            loc = self._local
+            loc.log = []
+            loc.stopped = None
             t0 = time.monotonic()
             try:
                 out = fn()
             except _Deferred:
-                return item, None             # it read something stale: serial pass
+                # it read something not up to date: the driver brings that up to date
+                # (ahead_wanted) and the call runs ahead again; else, the serial pass
+                return item, None, loc.stopped
             except BaseException as e:        # kept, raised by the serial pass as if called there
                 out = e
             finally:
-                reads, self._local.log = self._local.log, None
-            return item, (out, reads, time.monotonic() - t0)
+                reads, loc.log = loc.log, None
+                loc.stopped = None
+            return item, (out, reads, time.monotonic() - t0), None
 
         self.reading = True
         pool = ThreadPoolExecutor(max_workers=min(workers, len(todo)),
@@ -354,15 +360,20 @@ class Ahead:
                                              else max(0.0, deadline - time.monotonic())))
                 except FutureTimeout:
                     # Budget(max_seconds) ran out with the call in flight: abandoned
-                    results.append((item, (_OutOfTime(), [], time.monotonic())))
+                    results.append((item, (_OutOfTime(), [], time.monotonic()), None))
         finally:
             self.reading = False
             pool.shutdown(wait=False, cancel_futures=True)
-        for (st, key, _fn, _dl), ahead in results:
+        wanted = []
+        for (st, key, _fn, _dl), ahead, stopped in results:
             if ahead is not None:
                 st.prefetched[key] = ahead
-        if any(ahead is None for _item, ahead in results):
-            self.collecting = False           # what could not run ahead runs in the serial pass
+            elif stopped is None:
+                self.collecting = False       # what could not run ahead runs in the serial pass
+            elif stopped not in wanted:
+                wanted.append(stopped)
+        if self.collecting:
+            self.wanted = wanted              # brought up to date by ahead_round (the engine)
 
 
 # -- lending: plain sync cells in worker threads (_core_schedule.pxi) ------------------------
@@ -645,7 +656,8 @@ def _worker_demand(self, n):
     from incr import _core
     loc = self._local
     cells = getattr(loc, "cells", None)
-    if cells is None:                       # an LLM generator or validator running ahead
+    if cells is None:                       # an LLM generator or validator running ahead:
+        loc.stopped = n                     # the driver may bring n up to date (wanted)
         raise _Deferred(n.label_text)
     got = cells.get(n)
     if got is None:
