@@ -100,6 +100,15 @@ class InputRef:
         return f"InputRef({self.name!r})"
 
 
+def _live_read(n) -> None:
+    """Input.get() of a live input inside a shipped run in this process (an executor that
+    does not serialize: the function's globals are the driver's objects): recorded as a read
+    of that input, as an InputRef's would be; the driver replays it (Ahead.take)."""
+    name = getattr(n, "name", None)
+    if isinstance(name, str) and type(n).__name__ == "Input":
+        _ctx.reads.append(_input_key(name))
+
+
 def run_remote(fn, signature, names, args, given):
     """Run one cell function on a worker. Returns (kind, payload, reads): ("ok", value),
     ("error", exception) or ("missing", key of the first read that was not given)."""
@@ -169,8 +178,11 @@ class Ahead:
 
     def read(self, n) -> None:
         log = getattr(self._local, "log", None)
-        if log is not None and not getattr(self._local, "quiet", 0):
-            log.append((n, n._changed_at))
+        if log is not None:
+            if not getattr(self._local, "quiet", 0):
+                log.append((n, n._changed_at))
+        elif getattr(_ctx, "given", None) is not None:
+            _live_read(n)
 
     def _wake(self, _future=None) -> None:
         with self.cond:
@@ -229,6 +241,8 @@ class Ahead:
         kind, payload, reads, keymap, stamps = self.done.pop(m)
         for key in reads:
             n = keymap.get(key)
+            if n is None and key[:1] == b"i":
+                n = self._resolve(key)       # an input it read live (no serialization)
             if n is not None:
                 rt._read(n)
         if kind == "error":
@@ -302,10 +316,13 @@ class Ahead:
         if gens:
             self._generate(gens)
         if handles:
-            try:
+            self.reading = True     # an executor that runs them in this process, without
+            try:                    # serializing: their live Input.get() reads are recorded
                 outs = ex.results([h for _m, _k, _s, h in handles])
             except Exception as e:  # the executor itself failed: run these here
                 outs = [(False, e)] * len(handles)
+            finally:
+                self.reading = False
             for (m, keymap, stamps, _h), (ok, out) in zip(handles, outs):
                 if not ok:
                     lost.append((m, out))
