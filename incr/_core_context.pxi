@@ -176,8 +176,10 @@ class _Gather:
         cdef Py_ssize_t i = -1
         cdef Py_ssize_t k0 = 0
         frame = None        # the driver's running frame: what each thunk reads is tagged
-        if rt.frames and rt.owner == PyThread_get_thread_ident() and not (
+        if _run_ahead and rt.max_workers != 1 and rt.executor is None and rt.frames and \
+                rt.owner == PyThread_get_thread_ident() and not (
                 rt.prefetch is not None and rt.prefetch.is_worker()):
+            # (only where a demand could run its calls ahead: demand_ahead)
             frame = rt.frames[len(rt.frames) - 1]
             if (<Frame>frame).id == rt.quiet:
                 frame = None    # (untracked: nothing is recorded)
