@@ -237,6 +237,14 @@ cdef class Runtime:
                                      # restarts (else a failed async run would run again)
     cdef int gathering               # incr.gather calls in progress: what they demand may be
                                      # shipped to an executor even inside a running cell
+    cdef dict gathered               # instance -> {dependency: (gather, thunk)}: what its last
+                                     # run read inside incr.gather, by thunk; None until a gather
+                                     # runs inside a cell (_core_schedule.pxi, "a demand's run-ahead")
+    cdef dict ahead_blocked          # a demand's run-ahead: reader -> [gather, thunks whose
+                                     # reads wait], cleared between rounds
+    cdef int demand_ahead            # 1: a top-level demand may open a run-ahead; 2: it did
+    cdef public object ahead_kept    # the Ahead of a pass whose round ran on the event loop
+                                     # (incr.remote.RoundWork), for the next pass, or None
     # counters for stats()
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 
@@ -336,12 +344,21 @@ cdef object stabilize_pass(Runtime rt)
 cdef void ahead_start(Runtime rt) except *
 cdef bint ahead_open(Runtime rt) except -1
 cdef void ahead_round(Runtime rt, int rounds) except *
+cdef void ahead_wanted(Runtime rt) except *   # what stopped calls running ahead, first
+cdef void ahead_pass(Runtime rt) except *     # stabilize: start, or take over the kept Ahead
+cdef bint ahead_on_loop(Runtime rt) except -1   # the round is awaited on the running loop
+cdef object ahead_round_work(Runtime rt)
 cdef void ahead_close(Runtime rt)
 cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1   # an executor
 cdef object lend_pass(Runtime rt, list todo)       # a pass lends its ready observed instances
 cdef object lend_open(Runtime rt, list jobs, bint thunks)
 cdef void lend_close(Runtime rt, object lending) except *
 cdef bint lend_take(Runtime rt, Instance m) except -1   # attempt(): a worker's run of m
+cdef object demand_ahead(Runtime rt, Instance n)        # settle(): a top-level demand's rounds
+cdef int ahead_scan(Runtime rt, Instance m, Node d) except -1   # ensure(): a demand's reader
+cdef bint ahead_wait(Runtime rt, Instance m, Node d) except -1  # waits: scan on?
+cdef bint ahead_trigger(Runtime rt, Instance m, Node d) except -1
+cdef void gather_tag(Runtime rt, object frame, Py_ssize_t k0, object tag) except *
 
 # _core_store.pxi -- adopt a stored trace instead of running; record a run for the store
 cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1

@@ -15,6 +15,7 @@
 
 
 _default_runtime = None
+cdef long long _gather_seq = 0     # incr.gather calls made (each tags its thunks' reads)
 
 
 import os as _os
@@ -85,7 +86,8 @@ def gather(*thunks):
     would wait for each. The values and the dependencies recorded are those of calling them
     in order: ``[t() for t in thunks]`` (Salsa's ``par_map``). The model calls are those too,
     with one exception: a later thunk's call made concurrently is not taken back when an
-    earlier thunk fails (in order, it would never have been made).
+    earlier thunk fails (in order, it would never have been made); it is made once, and its
+    result is kept: a later demand of that node takes it, with no new call.
 
     Raises the first exception a thunk raises, as calling them in order would.
 
@@ -128,6 +130,9 @@ class _Gather:
 
     def __init__(self, thunks):
         self.thunks = thunks
+        global _gather_seq
+        _gather_seq += 1
+        self.gid = _gather_seq      # tags what each thunk read (gather_tag, _core_schedule.pxi)
 
     def __call__(self):
         cdef Runtime rt = <Runtime>current()
@@ -169,8 +174,19 @@ class _Gather:
         out = []
         deferred = None
         cdef Py_ssize_t i = -1
+        cdef Py_ssize_t k0 = 0
+        frame = None        # the driver's running frame: what each thunk reads is tagged
+        if _run_ahead and rt.max_workers != 1 and rt.executor is None and rt.frames and \
+                rt.owner == PyThread_get_thread_ident() and not (
+                rt.prefetch is not None and rt.prefetch.is_worker()):
+            # (only where a demand could run its calls ahead: demand_ahead)
+            frame = rt.frames[len(rt.frames) - 1]
+            if (<Frame>frame).id == rt.quiet:
+                frame = None    # (untracked: nothing is recorded)
         for t in self.thunks:
             i += 1
+            if frame is not None:
+                k0 = len((<Frame>frame).reads)
             try:
                 if i and lending is not None:
                     out.append(_lent_thunk(rt, lending, i - 1, t))
@@ -194,6 +210,9 @@ class _Gather:
                 if isinstance(deferred, _Suspend):
                     _aio_mod().abandon(current(), deferred.works)   # an interrupt: dropped
                 raise
+            finally:
+                if frame is not None:
+                    gather_tag(rt, frame, k0, (self.gid, i))
         if deferred is not None:
             raise deferred
         for i in range(len(out)):

@@ -155,7 +155,7 @@ cdef object settle(Runtime rt, Instance n, object body):
     cdef int rejects = 0
     while True:
         try:
-            v = ensure(rt, n) if body is None else body()
+            v = demand_ahead(rt, n) if body is None else body()   # (_core_schedule.pxi)
             break
         except Reject as e:
             if rejects < MAX_REJECTS and absorb_reject(rt, e):

@@ -31,6 +31,7 @@ cdef inline void ahead_clear(Runtime rt):
     for m in rt.ahead_marked:
         m.flags &= ~F_AHEAD
     rt.ahead_marked = []
+    rt.ahead_blocked = None
 
 
 cdef void ahead_start(Runtime rt) except *:
@@ -39,6 +40,41 @@ cdef void ahead_start(Runtime rt) except *:
         from incr import remote as _remote
         rt.prefetch = _remote.Ahead(rt)
     rt.ahead_marked = []
+
+
+cdef void ahead_pass(Runtime rt) except *:
+    # a stabilize pass begins: it takes over the Ahead whose round the pass before it left to
+    # the event loop (rt.astabilize: incr.remote.RoundWork), with that round's results --
+    # as a sync pass goes on after ahead_round -- else it starts one
+    cdef object kept = rt.ahead_kept
+    if kept is None:
+        ahead_start(rt)
+        return
+    rt.ahead_kept = None
+    if kept.kept_rev != rt.revision or not ahead_possible(rt):
+        ahead_start(rt)        # (another revision: its results are checked where taken)
+        return
+    rt.prefetch = kept
+    rt.ahead_marked = []
+    if not kept.ran or kept.rounds > 32:
+        kept.stop()            # nothing ran ahead: this pass is serial
+    elif kept.wanted:
+        ahead_wanted(rt)
+
+
+cdef bint ahead_on_loop(Runtime rt) except -1:
+    # a pass inside a running event loop that may unwind to it (rt.astabilize): its round is
+    # awaited there (ahead_round_work), not waited for on the loop's thread
+    return rt.catching and rt.prefetch is not None and rt.lent is None and \
+        _get_running_loop() is not None
+
+
+cdef object ahead_round_work(Runtime rt):
+    # the pass's round as async work: the pass unwinds (_Suspend), the loop awaits the
+    # round, and the next pass takes the Ahead over (ahead_pass)
+    from incr import remote as _remote
+    ahead_clear(rt)
+    return _remote.RoundWork(rt.prefetch)
 
 
 cdef bint ahead_open(Runtime rt) except -1:
@@ -56,6 +92,48 @@ cdef void ahead_round(Runtime rt, int rounds) except *:
     ahead_clear(rt)
     if not rt.prefetch.run() or rounds > 32:
         rt.prefetch.stop()      # nothing to run ahead: the next round is serial
+    elif rt.prefetch.wanted:
+        ahead_wanted(rt)
+
+
+cdef void ahead_wanted(Runtime rt) except *:
+    # calls running ahead stopped at a read of a node that was not up to date (a generator of
+    # a first pass reading its upstream LLM node): the driver brings those nodes up to date
+    # now, their own calls running ahead in rounds of their own, so that in the next round
+    # the stopped calls run ahead again -- at once -- instead of one after the other in the
+    # serial pass. Each wanted node is one the stopped call reads (it read it): no call is
+    # made that the serial pass would not make. When one cannot be brought up to date here
+    # (async, on the stack, failed), the Ahead stops and the stopped calls run serially.
+    cdef Instance n
+    cdef int k
+    cdef bint pending
+    wanted = rt.prefetch.wanted
+    rt.prefetch.wanted = []
+    for k in range(32):
+        pending = False
+        for n in wanted:
+            if not _needs_work(n):
+                continue
+            if n.cell.is_async or n.cell.awaited or n.flags & (F_RUNNING | F_VERIFYING) or (
+                    not (n.flags & F_HAS_VALUE) and n in rt.failed):
+                rt.prefetch.stop()
+                return
+            try:
+                ensure(rt, n)
+            except _Suspend:
+                raise
+            except _Deferred:
+                pending = True         # its own call runs ahead: the round below
+            except Exception:
+                rt.prefetch.stop()     # it failed (rt.failed): the serial pass meets that
+                return
+        ahead_clear(rt)
+        if not pending or not rt.prefetch.run():
+            break
+    for n in wanted:
+        if _needs_work(n):
+            rt.prefetch.stop()
+            return
 
 
 cdef void ahead_close(Runtime rt):
@@ -113,7 +191,7 @@ cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1:
 # max_workers - 1 in flight) and does the first itself. A worker runs the cell's function
 # (or the thunk) with its reads logged, not recorded: it may read inputs (revision R: a set
 # from another thread is queued until the pass ends) and instances that are up to date, and
-# it may compute, nested, a first computation that nothing else runs (lend_can_run); any
+# it may compute, nested, a first computation that nothing else runs (_lend_state, 0); any
 # other read stops it ("missing"). The driver takes a worker's run where attempt() would
 # run the instance (lend_take): it waits for the job, checks that every read is still
 # current, and runs the instance with rt.remote set, so that run() replays the logged reads
@@ -278,8 +356,9 @@ cdef bint lend_fresh(Runtime rt, list log, dict cells) except -1:
 def _lend_state(Runtime rt, Instance n):
     """In a worker thread, for n not up to date when read: 0 it may compute n itself (a
     first computation of a plain sync cell nothing else runs, lends or failed in this pass);
-    1 the driver can bring it up to date (a plain cell: stale, running there, or lent);
-    2 it must stop; 3 n is up to date now; 4 n failed in this pass."""
+    1 a plain cell the driver brings up to date (stale, running there, or lent) and 2 one
+    it may not run (runs ahead, not a plain sync cell): either way the worker's run stops;
+    3 n is up to date now; 4 n failed in this pass."""
     if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
         return 3
     if not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING)) and n in rt.failed:
@@ -307,48 +386,6 @@ def _lend_failure(Runtime rt, Instance n):
     return rt.failed[n]
 
 
-def _lend_on_stack(Instance n):
-    return (n.flags & (F_RUNNING | F_VERIFYING)) != 0
-
-
-def _lend_serve(Runtime rt, Instance n):
-    """Driver thread: bring n up to date for a worker that waits for it. 1 done (up to date,
-    or failed: the worker reads the failure), 2 not now (n is being computed further out on
-    this thread's stack), 0 refused (its work runs ahead: the worker stops)."""
-    if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:
-        return 1
-    if not (n.flags & F_HAS_VALUE) and n in rt.failed:
-        return 1
-    if n.flags & F_AHEAD:
-        return 0
-    if n.flags & (F_RUNNING | F_VERIFYING) or rt.frames:
-        # being computed further out, or this thread waits inside a running cell: a run
-        # made now could read what is running here and fail as a cycle that is not one
-        return 2
-    try:
-        ensure(rt, n)
-    except _Suspend:
-        raise
-    except _Deferred:
-        return 0
-    except CycleError:
-        # its verification meets what this thread is verifying further out (or a real
-        # cycle): not now; asked again when this thread next waits, else the worker
-        # stops and the run here meets the cycle, if it is one
-        return 2 if _needs_work(n) else 1
-    except Exception:
-        return 1                       # failed: kept in rt.failed for this pass
-    return 1
-
-
-def _lend_can_run(Runtime rt, Instance n):
-    """In a worker thread: whether it may compute n itself (a first computation of a plain
-    sync cell that nothing else runs, lends or failed in this pass)."""
-    return (not (n.flags & (F_HAS_VALUE | F_RUNNING | F_VERIFYING | F_AHEAD))
-            and lend_ok(n.cell) and n not in rt.failed
-            and (rt.lent is None or n not in rt.lent))
-
-
 def _lend_invoke(Instance n):
     """In a worker thread: call n's function on its own copy of the arguments."""
     if n.fresh_args:
@@ -358,3 +395,135 @@ def _lend_invoke(Instance n):
 
 def _lend_same(a, b):
     return _same_value(a, b)
+
+
+# -- a demand's run-ahead: the stale LLM dependencies of a reader that gathered them ---------
+# A top-level demand (settle) opens no run-ahead until its verification walk, with no cell
+# running, is about to bring up to date a dependency that a reader read inside an incr.gather
+# of its last run, and two or more thunks' dependencies need work (ahead_trigger): the walk
+# then starts again with a run-ahead open, in rounds as stabilize's (demand_ahead), so the
+# stale LLM dependencies of every thunk set their calls aside in one round and are made at
+# once. The walk of a reader whose dependency now runs ahead goes on (ahead_wait, ahead_scan)
+# only to the dependencies that other thunks of the same gather read first: the reader's new
+# run reads those whatever the value that runs ahead turns out to be (the thunks are made
+# before gather is called; what the reader read before the gather checked out unchanged, else
+# the walk stopped there). The rest of that thunk's reads, another gather's, and whatever the
+# reader read outside a gather wait for the next round: no model call for a branch the new run
+# may not take. (Speculative only where a thunk's first read of a node another thunk read
+# first decides what else it reads: the dependency is tagged with the thunk that read it
+# first.) stabilize's walk is unchanged: it goes on past every dependency that runs ahead.
+#
+# Contract:
+#   - rt.gathered[m] is written only while m's run gathers (gather_tag, in the driver, from
+#     incr.gather) and dropped by attempt() before m runs again (put back when that run
+#     records nothing: _Deferred); it never changes what is recomputed, only what may be set
+#     aside together;
+#   - rt.demand_ahead is 0 outside demand_ahead(); _OpenAhead never escapes it; the
+#     run-ahead it opens is closed on every exit (ahead_close), rt.ahead_blocked with it.
+
+
+class _OpenAhead(Exception):
+    """ensure() in a top-level demand: a reader's gathered dependencies need work; the walk
+    starts again with a run-ahead open (demand_ahead). Never escapes settle()."""
+
+
+cdef object demand_ahead(Runtime rt, Instance n):
+    # settle(): a top-level demand of n -- ensure(n); when its walk reaches the gathered
+    # dependencies of a reader that need work, again with a run-ahead open, in rounds
+    cdef int rounds = 0
+    if rt.gathered is None or rt.prefetch is not None or rt.executor is not None \
+            or not (_run_ahead and rt.max_workers != 1):
+        return ensure(rt, n)
+    rt.demand_ahead = 1
+    try:
+        try:
+            return ensure(rt, n)
+        except _OpenAhead:
+            pass           # (ensure cleared its stack: what it brought up to date stands)
+        ahead_start(rt)
+        rt.demand_ahead = 2
+        while True:
+            try:
+                return ensure(rt, n)
+            except _Suspend:
+                raise
+            except _Deferred:
+                rounds += 1
+                ahead_round(rt, rounds)    # the calls set aside are made, at once
+    finally:
+        if rt.demand_ahead == 2:
+            ahead_close(rt)
+        rt.demand_ahead = 0
+
+
+cdef bint ahead_trigger(Runtime rt, Instance m, Node d) except -1:
+    # ensure(), a demand with no run-ahead open yet, about to push d for m: raises _OpenAhead
+    # when no cell runs, d was read inside a gather of m's last run, and another thunk's
+    # dependency of m needs work too
+    cdef dict tags
+    cdef Node e
+    if rt.frames or rt.gathered is None:
+        return False
+    tags = rt.gathered.get(m)
+    if tags is None:
+        return False
+    tag = tags.get(d)
+    if tag is None:
+        return False
+    for e in m.deps:
+        if e is not d and _needs_work(e):
+            other = tags.get(e)
+            if other is not None and other[0] == tag[0] and other[1] != tag[1]:
+                raise _OpenAhead()
+    return False
+
+
+cdef bint ahead_wait(Runtime rt, Instance m, Node d) except -1:
+    # ensure(), a demand's run-ahead: m waits for d, which runs ahead. True when the scan of
+    # m's dependencies goes on -- d was read first by a thunk of a gather of m's last run; the
+    # other reads of that thunk wait with it
+    cdef dict tags = rt.gathered.get(m) if rt.gathered is not None else None
+    tag = tags.get(d) if tags is not None else None
+    if tag is None:
+        return False
+    if rt.ahead_blocked is None:
+        rt.ahead_blocked = {}
+    b = rt.ahead_blocked.get(m)
+    if b is None:
+        rt.ahead_blocked[m] = [tag[0], {tag[1]}]
+        return True
+    if b[0] != tag[0]:
+        return False
+    b[1].add(tag[1])
+    return True
+
+
+cdef int ahead_scan(Runtime rt, Instance m, Node d) except -1:
+    # ensure(), a demand's run-ahead, m waiting (F_AHEAD): 0 scan d (another thunk of the same
+    # gather read it first), 1 skip it (a thunk that waits read it), 2 stop the scan
+    b = rt.ahead_blocked.get(m) if rt.ahead_blocked is not None else None
+    if b is None:
+        return 2
+    cdef dict tags = rt.gathered.get(m) if rt.gathered is not None else None
+    tag = tags.get(d) if tags is not None else None
+    if tag is None or tag[0] != b[0]:
+        return 2
+    return 1 if tag[1] in b[1] else 0
+
+
+cdef void gather_tag(Runtime rt, object frame, Py_ssize_t k0, object tag) except *:
+    # incr.gather in the driver: the reads thunk `tag` (gather, index) added to the running
+    # frame since k0 are tagged with it, for the reader's next verification
+    cdef Frame f = <Frame>frame
+    cdef list reads = f.reads
+    cdef Py_ssize_t k
+    cdef dict tags
+    if len(reads) <= k0:
+        return
+    if rt.gathered is None:
+        rt.gathered = {}
+    tags = rt.gathered.get(f.node)
+    if tags is None or tags.get(None) != f.id:    # (another run's: this run's replace them)
+        tags = rt.gathered[f.node] = {None: f.id}
+    for k in range(k0, len(reads)):
+        tags.setdefault(reads[k], tag)

@@ -54,6 +54,7 @@ cdef object ensure(Runtime rt, Instance n):
     cdef tuple deps
     cdef Py_ssize_t i, nd
     cdef bint pushed, must_run
+    cdef int r
     if n.flags & F_AHEAD:
         raise _Deferred(n.label())    # runs ahead in this pass: whatever reads it waits
     if ((n.flags & (F_DIRTY | F_HAS_VALUE | F_MUST_RUN | F_INVALID)) == (F_DIRTY | F_HAS_VALUE)
@@ -71,6 +72,8 @@ cdef object ensure(Runtime rt, Instance n):
             return n.value
         if i == 1:
             n.flags |= F_VERIFYING
+            if rt.gathered is not None:
+                rt.gathered.pop(n, None)      # what its last run gathered: the new run says
             try:
                 run(rt, n)            # (attempt() without a store or an executor)
             except BaseException:
@@ -113,6 +116,15 @@ cdef object ensure(Runtime rt, Instance n):
                 must_run = (m.flags & (F_MUST_RUN | F_INVALID)) != 0
                 while i < nd:
                     d = <Node>deps[i]
+                    if rt.demand_ahead == 2 and m.flags & F_AHEAD:
+                        # a demand's run-ahead: past what m waits for, only other thunks'
+                        # reads of the same gather (_core_schedule.pxi, ahead_scan)
+                        r = ahead_scan(rt, m, d)
+                        if r == 2:
+                            break
+                        if r == 1:
+                            i += 1
+                            continue
                     if d.flags & F_AHEAD:
                         # its run runs ahead in this pass: m waits for the next round, and
                         # the scan goes on, so that independent work after it runs ahead
@@ -120,6 +132,8 @@ cdef object ensure(Runtime rt, Instance n):
                         # dependency known to have changed still stops it below (Salsa's
                         # order: m's new run may no longer read what comes after)
                         m.flags |= F_AHEAD
+                        if rt.demand_ahead == 2 and not ahead_wait(rt, m, d):
+                            break
                         i += 1
                         continue
                     if (d.flags & (F_DIRTY | F_HAS_VALUE)) == (F_DIRTY | F_HAS_VALUE):
@@ -127,6 +141,8 @@ cdef object ensure(Runtime rt, Instance n):
                             raise _Suspend([_aio_mod().Wait(d)])   # another task runs it
                         if d.flags & (F_VERIFYING | F_RUNNING):
                             raise CycleError([m.label(), _node_label(d), m.label()])
+                        if rt.demand_ahead == 1:
+                            ahead_trigger(rt, m, d)   # gathered: walk again, run-ahead open
                         idx[len(idx) - 1] = i
                         d.flags |= F_VERIFYING
                         stack.append(d)
@@ -197,11 +213,16 @@ cdef int attempt(Runtime rt, Instance m, list stack, list idx) except -1:
         r = ahead_ship(rt, m, stack, idx)   # an executor runs it (_core_schedule.pxi)
         if r != NOMATCH:
             return r
+    tags = None
+    if rt.gathered is not None:
+        tags = rt.gathered.pop(m, None)   # what its last run gathered: the new run says
     try:
         run_in_stack(rt, m, len(stack) == 1)
     except _Deferred as e:
         # its work runs ahead (fail() keeps its value and stamps): a withdrawn instance
         # stays withdrawn, so that the next pass runs it instead of reusing that value
+        if tags is not None:
+            rt.gathered[m] = tags         # (nothing recorded: its dependencies stand)
         m.flags |= invalid
         if len(stack) > 1 and m.flags & F_AHEAD and type(e) is _Deferred:
             return DONE   # a dependency verified for its reader: the reader waits with it

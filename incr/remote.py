@@ -100,6 +100,15 @@ class InputRef:
         return f"InputRef({self.name!r})"
 
 
+def _live_read(n) -> None:
+    """Input.get() of a live input inside a shipped run in this process (an executor that
+    does not serialize: the function's globals are the driver's objects): recorded as a read
+    of that input, as an InputRef's would be; the driver replays it (Ahead.take)."""
+    name = getattr(n, "name", None)
+    if isinstance(name, str) and type(n).__name__ == "Input":
+        _ctx.reads.append(_input_key(name))
+
+
 def run_remote(fn, signature, names, args, given):
     """Run one cell function on a worker. Returns (kind, payload, reads): ("ok", value),
     ("error", exception) or ("missing", key of the first read that was not given)."""
@@ -131,8 +140,13 @@ class Ahead:
     def __init__(self, rt):
         self.rt = rt
         self.collecting = True      # LLM generator and validator calls are set aside
+        self.gave_up = False        # a call could not run ahead: the rest of the pass is serial
         self.reading = False        # worker threads are running generators now
         self.pending: list = []     # (node state, key, call) set aside by incr.llmnodes
+        self.wanted: list = []      # nodes not up to date that stopped calls running ahead
+        self.rounds = 0             # rounds run on an event loop (RoundWork), across passes
+        self.ran = True             # the last RoundWork had something to run
+        self.kept_rev = None        # the revision at which a RoundWork kept it for the next pass
         self._local = threading.local()
         # executor runs: instance -> state
         self.tasks: dict = {}       # instance -> (given, keymap) waiting to be sent
@@ -144,9 +158,7 @@ class Ahead:
         # thunks): instance -> (kind, payload, log, cells) of a finished worker run
         self.lent_done: dict = {}
         self.lendings: list = []    # the open _Lending objects (nested gathers: several)
-        self.cond = threading.Condition()
-        self.asks: list = []        # _Ask: workers waiting for the driver
-        self.later: list = []       # _Ask whose node was being computed further out
+        self.cond = threading.Condition()   # notified when a lent job finishes
 
     # -- generator calls (incr.llmnodes) ------------------------------------------------------
 
@@ -166,8 +178,11 @@ class Ahead:
 
     def read(self, n) -> None:
         log = getattr(self._local, "log", None)
-        if log is not None and not getattr(self._local, "quiet", 0):
-            log.append((n, n._changed_at))
+        if log is not None:
+            if not getattr(self._local, "quiet", 0):
+                log.append((n, n._changed_at))
+        elif getattr(_ctx, "given", None) is not None:
+            _live_read(n)
 
     def _wake(self, _future=None) -> None:
         with self.cond:
@@ -226,6 +241,8 @@ class Ahead:
         kind, payload, reads, keymap, stamps = self.done.pop(m)
         for key in reads:
             n = keymap.get(key)
+            if n is None and key[:1] == b"i":
+                n = self._resolve(key)       # an input it read live (no serialization)
             if n is not None:
                 rt._read(n)
         if kind == "error":
@@ -299,10 +316,13 @@ class Ahead:
         if gens:
             self._generate(gens)
         if handles:
-            try:
+            self.reading = True     # an executor that runs them in this process, without
+            try:                    # serializing: their live Input.get() reads are recorded
                 outs = ex.results([h for _m, _k, _s, h in handles])
             except Exception as e:  # the executor itself failed: run these here
                 outs = [(False, e)] * len(handles)
+            finally:
+                self.reading = False
             for (m, keymap, stamps, _h), (ok, out) in zip(handles, outs):
                 if not ok:
                     lost.append((m, out))
@@ -330,17 +350,22 @@ class Ahead:
 
         def call(item):
             st, key, fn, _deadline = item
-            self._local.log = []
+            loc = self._local
+            loc.log = []
+            loc.stopped = None
             t0 = time.monotonic()
             try:
                 out = fn()
             except _Deferred:
-                return item, None             # it read something stale: serial pass
+                # it read something not up to date: the driver brings that up to date
+                # (ahead_wanted) and the call runs ahead again; else, the serial pass
+                return item, None, loc.stopped
             except BaseException as e:        # kept, raised by the serial pass as if called there
                 out = e
             finally:
-                reads, self._local.log = self._local.log, None
-            return item, (out, reads, time.monotonic() - t0)
+                reads, loc.log = loc.log, None
+                loc.stopped = None
+            return item, (out, reads, time.monotonic() - t0), None
 
         self.reading = True
         pool = ThreadPoolExecutor(max_workers=min(workers, len(todo)),
@@ -356,15 +381,60 @@ class Ahead:
                                              else max(0.0, deadline - time.monotonic())))
                 except FutureTimeout:
                     # Budget(max_seconds) ran out with the call in flight: abandoned
-                    results.append((item, (_OutOfTime(), [], time.monotonic())))
+                    results.append((item, (_OutOfTime(), [], time.monotonic()), None))
         finally:
             self.reading = False
             pool.shutdown(wait=False, cancel_futures=True)
-        for (st, key, _fn, _dl), ahead in results:
+        wanted, serial = [], False
+        for (st, key, _fn, _dl), ahead, stopped in results:
             if ahead is not None:
                 st.prefetched[key] = ahead
-        if any(ahead is None for _item, ahead in results):
-            self.collecting = False           # what could not run ahead runs in the serial pass
+            elif stopped is None:
+                serial = True                 # what could not run ahead runs in the serial pass
+            elif stopped not in wanted:
+                wanted.append(stopped)
+        if serial:
+            self.collecting = False
+            self.gave_up = True
+        else:
+            self.wanted = wanted              # brought up to date by the engine next
+
+
+class RoundWork:
+    """incr._aio work (in a _Suspend): the run-ahead round of a pass inside a running event
+    loop (``await rt.astabilize()``). The calls run in a thread of the loop's executor,
+    awaited, so the loop goes on meanwhile; while they run the pass's Ahead is the runtime's
+    prefetch again (what the workers read goes through it, as in a round of a sync pass), and
+    afterwards it is kept for the next pass, which takes it over with the results
+    (``Runtime.ahead_kept``, _core_schedule.pxi ahead_start). Cancelled, it still waits for
+    the calls in flight (no worker outlives its round), then the cancellation goes on."""
+
+    def __init__(self, ahead):
+        self.ahead = ahead
+        self.key = ("incr run-ahead round", id(ahead))
+
+    async def do(self, rt) -> None:
+        import asyncio
+        ahead = self.ahead
+        collecting, ahead.collecting = ahead.collecting, False   # others' demands meanwhile
+        rt.prefetch = ahead                                       # set nothing aside in it
+        cf = _shared_pool().submit(contextvars.copy_context().run, ahead.run)
+        try:
+            try:
+                ahead.ran = await asyncio.shield(asyncio.wrap_future(cf))
+            except asyncio.CancelledError:
+                try:
+                    cf.result()         # (blocks: the calls in flight end first)
+                except BaseException:   # noqa: BLE001 -- the cancellation is what goes on
+                    pass
+                raise
+        finally:
+            if rt.prefetch is ahead:
+                rt.prefetch = None
+            ahead.collecting = collecting and not ahead.gave_up
+            ahead.rounds += 1
+        ahead.kept_rev = rt.revision
+        rt.ahead_kept = ahead           # the next pass takes it over (ahead_pass)
 
 
 # -- lending: plain sync cells in worker threads (_core_schedule.pxi) ------------------------
@@ -434,7 +504,6 @@ class _Lending:
         self.ctx = contextvars.copy_context()
         self.taken: list = []        # instances registered in rt.lent by this lending
         self.closed = False
-        self.stopping = False
         self.boxes: dict = {}        # job index -> _Box (what its worker waits for)
         self.outcomes: dict = {}     # job index -> its outcome, once the driver waited for it
 
@@ -466,7 +535,7 @@ class _Lending:
             self.skipped.add(i)
             return None
         self.top_up()
-        out = self.ahead._await(f, self.boxes[i])   # (interrupted: close() still waits)
+        out = self.ahead._await(f)   # (interrupted: close() still waits)
         del self.futures[i]
         self.outcomes[i] = out
         self.top_up()
@@ -489,7 +558,6 @@ class _Lending:
         gather); returns the lent instances whose job finished, not yet taken."""
         for f in list(self.futures.values()):
             f.cancel()
-        self.ahead._stop_asks(self)
         done = []
         for i, f in list(self.futures.items()):
             if f.cancelled():
@@ -553,7 +621,7 @@ def _lent_result(self, m):
         box = lending
         fut = box.lending.futures.get(box.index)
         if fut is not None:
-            self._await(fut, box, lambda: m in self.lent_done)
+            self._await(fut, lambda: m in self.lent_done)
         if m not in self.lent_done:
             box.lending.wait(box.index)
         return self.lent_done.get(m)
@@ -642,15 +710,15 @@ def _nested(self, n):
 
 def _worker_demand(self, n):
     """demand() in a worker thread of n, which is not up to date. A lent cell's run (or a
-    gather's thunk) computes it here when it is a first computation nothing else runs; asks
-    the driver to bring it up to date, and waits, when the driver can (a plain cell that is
-    stale, running there or lent); reads the failure of one that failed in this pass; and
-    otherwise -- and for every read of an LLM generator running ahead -- stops the run
-    (_Deferred)."""
+    gather's thunk) computes it here when it is a first computation nothing else runs; reads
+    the failure of one that failed in this pass; and otherwise (a stale instance, one running
+    in the driver or lent, an LLM node, an async cell) -- and for every read of an LLM
+    generator running ahead -- stops the run (_Deferred): the driver runs it again itself."""
     from incr import _core
     loc = self._local
     cells = getattr(loc, "cells", None)
-    if cells is None:                       # an LLM generator or validator running ahead
+    if cells is None:                       # an LLM generator or validator running ahead:
+        loc.stopped = n                     # the driver may bring n up to date (wanted)
         raise _Deferred(n.label_text)
     got = cells.get(n)
     if got is None:
@@ -685,127 +753,25 @@ def _worker_demand(self, n):
     return got[1]
 
 
-class _Ask:
-    """A worker's request that the driver bring one instance up to date."""
-    __slots__ = ("node", "box", "event", "serving", "stopped")
-
-    def __init__(self, node, box):
-        self.node, self.box = node, box
-        self.event = threading.Event()
-        self.serving = False
-        self.stopped = False
-
-
-def _ask(self, n):
-    """In a worker thread: wait until the driver has brought n up to date (or refused)."""
-    loc = self._local
-    box = loc.box
-    req = _Ask(n, box)
+def _await(self, fut, until=None):
+    """Driver thread: wait for a lent job to finish (its outcome), or until ``until()``
+    holds (None)."""
     with self.cond:
-        if box.lending.stopping:
-            loc.stops += 1
-            raise _Deferred(n.label_text)
-        box.asking = req
-        self.asks.append(req)
-        self.cond.notify_all()
-    try:
-        req.event.wait()
-    finally:
-        box.asking = None
-    if req.stopped:
-        loc.stops += 1
-        raise _Deferred(n.label_text)
-
-
-def _serve(self, req) -> None:
-    """Driver thread: bring req.node up to date for the worker waiting on it."""
-    from incr import _core
-    req.serving = True
-    done = True
-    try:
-        if not req.stopped:
-            r = _core._lend_serve(self.rt, req.node)
-            if r == 2:                # being computed further out: asked again later
-                done = False
-                self.later.append(req)
-            elif r == 0:
-                req.stopped = True
-    except BaseException:
-        req.stopped = True
-        raise
-    finally:
-        req.serving = False
-        if done:
-            req.event.set()
-
-
-def _await(self, fut, box, until=None):
-    """Driver thread: wait for a lent job, serving the workers' requests meanwhile. A job
-    whose worker waits for what this thread is doing further out (a request being served, an
-    instance on its stack: a cycle) is told to stop."""
-    from incr import _core
-    cond = self.cond
-    if self.later:                    # asked while their node ran further out: again now
-        with cond:
-            self.asks[:0] = self.later
-            self.later = []
-    while True:
-        req = box.asking
-        if req is not None and not req.event.is_set() and (
-                req.serving or req in self.later or _core._lend_on_stack(req.node)):
-            req.stopped = True
-            req.event.set()
-        with cond:
-            while not fut.done() and not self.asks and not (
-                    box.asking is not None and box.asking.serving) and not (
-                    until is not None and until()):
-                cond.wait(0.05)
-            asks, self.asks = self.asks, []
-        if not asks and fut.done():
-            return fut.result()
-        if not asks and until is not None and until():
-            return None
-        for i, req in enumerate(asks):
-            try:
-                self._serve(req)
-            except BaseException:
-                for r in asks[i + 1:]:
-                    r.stopped = True
-                    r.event.set()
-                raise
-
-
-def _stop_asks(self, lending) -> None:
-    """A lending closes: its workers' requests are refused (they stop)."""
-    with self.cond:
-        lending.stopping = True
-        keep = []
-        for req in self.asks:
-            if req.box.lending is lending:
-                req.stopped = True
-                req.event.set()
-            else:
-                keep.append(req)
-        self.asks = keep
-        keep = []
-        for req in self.later:
-            if req.box.lending is lending:
-                req.stopped = True
-                req.event.set()
-            else:
-                keep.append(req)
-        self.later = keep
+        while not fut.done() and not (until is not None and until()):
+            self.cond.wait(0.05)
+    if fut.done():
+        return fut.result()
+    return None
 
 
 class _Box:
-    """One lent job: its lending and index, and what its worker waits for. Also the value
-    of rt.lent for a first computation its worker claimed (the driver then waits for it)."""
-    __slots__ = ("lending", "index", "asking")
+    """One lent job: its lending and index. Also the value of rt.lent for a first
+    computation its worker claimed (the driver then waits for it)."""
+    __slots__ = ("lending", "index")
 
     def __init__(self, lending, index):
         self.lending = lending
         self.index = index
-        self.asking = None
 
 
 Ahead.lend = _lend
@@ -813,7 +779,4 @@ Ahead.lent_result = _lent_result
 Ahead._job = _job
 Ahead._nested = _nested
 Ahead.worker_demand = _worker_demand
-Ahead._ask = _ask
-Ahead._serve = _serve
 Ahead._await = _await
-Ahead._stop_asks = _stop_asks

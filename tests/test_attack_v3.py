@@ -696,14 +696,7 @@ def test_one_stabilize_with_async_nodes_announces_one_pass():
 
 
 @pytest.mark.parametrize("drive", [
-    pytest.param("demand", marks=pytest.mark.xfail(strict=True, reason=(
-    "BROKEN PROMISE (API.md: incr.gather 'demands several instances concurrently'): the "
-    "cold run of a cell that gathers three LLM nodes makes the three calls at once, but its "
-    "warm re-run after a change does not: verification walks the cell's dependencies in "
-    "order (incr/_core_verify.pxi), so the first stale node is regenerated alone (a top-level "
-    "demand: on the main thread, fully serial; stabilize: run ahead alone, then the rest). "
-    "A Barrier(3) the cold run passes breaks. Verification could hand every stale LLM "
-    "dependency of a reader that gathered them to the run-ahead at once."))),
+    "demand",        # a top-level demand opens a run-ahead for the gathered dependencies
     "stabilize",     # concurrent since the scheduler lends warm runs to workers too
 ])
 def test_a_warm_rerun_of_a_gather_makes_its_model_calls_at_once(drive):

@@ -2639,11 +2639,6 @@ def test_executor_receives_first_computations():
         incr.Runtime(executor=3)
 
 
-@missing("a cell shipped to an executor that does not serialize (runs the function in this "
-         "process) records no dependencies: its live Input.get() is neither a reference nor "
-         "recorded, so after x.set(2) the instance is never stale and keeps its old value; "
-         "fix: incr/remote.py run_remote (route live Input/Cell reads through the given "
-         "values while a shipped run is on this thread) or incr/_core_nodes.pxi Input.get")
 def test_executor_that_does_not_serialize_keeps_dependencies():
     """Executors (`Runtime(executor=...)`) receive first computations too. (Dependencies are
     whatever it read on its last run.)"""

@@ -354,3 +354,118 @@ def test_check_reports_a_clean_llm_node_whose_evidence_moved_on():
     st.status = "invalid"
     with pytest.raises(AssertionError, match=r"I7: D\(0\) is clean but its status is 'invalid'"):
         rt._check()
+
+
+# -- a top-level demand: the stale LLM dependencies of a reader that gathered them ------------
+
+
+def test_a_top_level_demand_above_a_gather_makes_the_warm_calls_at_once():
+    """The reader that gathered is not the instance demanded: the walk of top() reaches
+    all3's gathered dependencies and the three regenerations are made in one round."""
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", 1)
+    barrier = threading.Barrier(3, timeout=5)     # a guard against a hang, not a timing
+    runs = []
+
+    @incr.llm(version="1")
+    def g(i, *, previous=None, feedback=()):
+        if x.get() == 2:
+            barrier.wait()                         # the warm calls: needs all three at once
+        return x.get() * 100 + i
+
+    @incr.cell
+    def c(i):
+        return g(i) + 1
+
+    @incr.cell
+    def all3():
+        runs.append("all3")
+        return incr.gather(*[(lambda i=i: c(i)) for i in range(3)])
+
+    @incr.cell
+    def top():
+        return sum(all3())
+
+    with rt:
+        assert top() == 306
+    x.set(2)
+    with rt:
+        assert top() == 606
+    assert runs == ["all3", "all3"]               # the reader ran once per change
+    rt._check()
+
+
+def test_a_demands_run_ahead_makes_no_call_a_waiting_thunk_may_no_longer_make():
+    """Thunk 0 reads a(0), then h(0) only if a(0) says so; thunk 1 reads a(1). After a change
+    a(0) and a(1) are regenerated at once (Barrier(2)), and h(0) -- stale, but after a(0) in
+    the same thunk -- gets no call: the new a(0) takes that branch away."""
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", "go")
+    barrier = threading.Barrier(2, timeout=5)
+    calls = []
+
+    @incr.llm(version="1")
+    def a(i, *, previous=None, feedback=()):
+        calls.append(f"a{i}")
+        if x.get() == "stop":
+            barrier.wait()                          # the warm calls: both at once
+        return f"{x.get()}{i}"
+
+    @incr.llm(version="1")
+    def h(i, *, previous=None, feedback=()):
+        calls.append(f"h{i}")
+        return f"h{x.get()}"
+
+    @incr.cell
+    def both():
+        return incr.gather(lambda: h(0) if a(0).startswith("go") else "no", lambda: a(1))
+
+    with rt:
+        assert both() == ["hgo", "go1"]
+    calls.clear()
+    x.set("stop")
+    with rt:
+        assert both() == ["no", "stop1"]
+    assert sorted(calls) == ["a0", "a1"]
+    rt._check()
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_demands_run_ahead_makes_no_call_for_a_read_outside_the_gather(where):
+    """A reader reads an LLM node q outside its gather -- before it ("before": the gather
+    happens only if q says so) or after it ("after": q is read only if the gathered values
+    say so). After a change that takes q's branch away, q gets no call."""
+    rt = incr.Runtime(max_workers=4)
+    x = rt.input("x", "go")
+    calls = []
+
+    @incr.llm(version="1")
+    def p(i, *, previous=None, feedback=()):
+        calls.append(f"p{i}")
+        return f"{x.get()}{i}"
+
+    @incr.llm(version="1")
+    def q(k, *, previous=None, feedback=()):
+        calls.append("q")
+        return f"q{x.get()}"
+
+    @incr.cell
+    def reader():
+        if where == "before":
+            if q(0) != "qgo":
+                return "none"
+            return incr.gather(lambda: p(1), lambda: p(2))
+        vals = incr.gather(lambda: p(1), lambda: p(2))
+        return [q(0)] + vals if vals[0] == "go1" else vals
+
+    with rt:
+        reader()
+    calls.clear()
+    x.set("stop")
+    with rt:
+        got = reader()
+    if where == "before":
+        assert got == "none" and calls == ["q"]
+    else:
+        assert got == ["stop1", "stop2"] and sorted(calls) == ["p1", "p2"]
+    rt._check()
