@@ -243,8 +243,6 @@ cdef class Runtime:
     cdef dict ahead_blocked          # a demand's run-ahead: reader -> [gather, thunks whose
                                      # reads wait], cleared between rounds
     cdef int demand_ahead            # 1: a top-level demand may open a run-ahead; 2: it did
-    cdef public object ahead_kept    # the Ahead of a pass whose round ran on the event loop
-                                     # (incr.remote.RoundWork), for the next pass, or None
     # counters for stats()
     cdef long long n_recomputed, n_reused, n_cutoff, n_computed, n_failed
 
@@ -345,9 +343,6 @@ cdef void ahead_start(Runtime rt) except *
 cdef bint ahead_open(Runtime rt) except -1
 cdef void ahead_round(Runtime rt, int rounds) except *
 cdef void ahead_wanted(Runtime rt) except *   # what stopped calls running ahead, first
-cdef void ahead_pass(Runtime rt) except *     # stabilize: start, or take over the kept Ahead
-cdef bint ahead_on_loop(Runtime rt) except -1   # the round is awaited on the running loop
-cdef object ahead_round_work(Runtime rt)
 cdef void ahead_close(Runtime rt)
 cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1   # an executor
 cdef object lend_pass(Runtime rt, list todo)       # a pass lends its ready observed instances

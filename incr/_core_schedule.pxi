@@ -42,41 +42,6 @@ cdef void ahead_start(Runtime rt) except *:
     rt.ahead_marked = []
 
 
-cdef void ahead_pass(Runtime rt) except *:
-    # a stabilize pass begins: it takes over the Ahead whose round the pass before it left to
-    # the event loop (rt.astabilize: incr.remote.RoundWork), with that round's results --
-    # as a sync pass goes on after ahead_round -- else it starts one
-    cdef object kept = rt.ahead_kept
-    if kept is None:
-        ahead_start(rt)
-        return
-    rt.ahead_kept = None
-    if kept.kept_rev != rt.revision or not ahead_possible(rt):
-        ahead_start(rt)        # (another revision: its results are checked where taken)
-        return
-    rt.prefetch = kept
-    rt.ahead_marked = []
-    if not kept.ran or kept.rounds > 32:
-        kept.stop()            # nothing ran ahead: this pass is serial
-    elif kept.wanted:
-        ahead_wanted(rt)
-
-
-cdef bint ahead_on_loop(Runtime rt) except -1:
-    # a pass inside a running event loop that may unwind to it (rt.astabilize): its round is
-    # awaited there (ahead_round_work), not waited for on the loop's thread
-    return rt.catching and rt.prefetch is not None and rt.lent is None and \
-        _get_running_loop() is not None
-
-
-cdef object ahead_round_work(Runtime rt):
-    # the pass's round as async work: the pass unwinds (_Suspend), the loop awaits the
-    # round, and the next pass takes the Ahead over (ahead_pass)
-    from incr import remote as _remote
-    ahead_clear(rt)
-    return _remote.RoundWork(rt.prefetch)
-
-
 cdef bint ahead_open(Runtime rt) except -1:
     # a top-level incr.gather begins: it runs work ahead in its own rounds, unless a pass
     # already does (stabilize) or nothing could run ahead (then False)

@@ -46,7 +46,7 @@ cdef object stabilize_pass(Runtime rt):
     cdef int rounds = 0
     lending = None
     try:
-        ahead_pass(rt)     # inside the try: an interrupt while it sets up still ends the pass
+        ahead_start(rt)    # inside the try: an interrupt while it sets up still ends the pass
         while True:
             ahead = False
             # two or more observed instances that could run now: all but the first run in
@@ -72,12 +72,6 @@ cdef object stabilize_pass(Runtime rt):
             if lending is not None:
                 lend_close(rt, lending)
                 lending = None
-            if (ahead or rt.ahead_marked) and not suspended and ahead_on_loop(rt):
-                # inside a running loop (rt.astabilize), with no async work of its own: the
-                # round is awaited there, and the next pass goes on from it
-                # (_core_schedule.pxi). (With async work, that work is done first, as before:
-                # a task of it could demand a node whose call the round has in flight.)
-                suspended = [ahead_round_work(rt)]
             if suspended:
                 # inside a running event loop, observed instances need async work: the
                 # pass stops here (nothing half-recorded) and rt.astabilize does the work

@@ -140,13 +140,9 @@ class Ahead:
     def __init__(self, rt):
         self.rt = rt
         self.collecting = True      # LLM generator and validator calls are set aside
-        self.gave_up = False        # a call could not run ahead: the rest of the pass is serial
         self.reading = False        # worker threads are running generators now
         self.pending: list = []     # (node state, key, call) set aside by incr.llmnodes
         self.wanted: list = []      # nodes not up to date that stopped calls running ahead
-        self.rounds = 0             # rounds run on an event loop (RoundWork), across passes
-        self.ran = True             # the last RoundWork had something to run
-        self.kept_rev = None        # the revision at which a RoundWork kept it for the next pass
         self._local = threading.local()
         # executor runs: instance -> state
         self.tasks: dict = {}       # instance -> (given, keymap) waiting to be sent
@@ -385,56 +381,16 @@ class Ahead:
         finally:
             self.reading = False
             pool.shutdown(wait=False, cancel_futures=True)
-        wanted, serial = [], False
+        wanted = []
         for (st, key, _fn, _dl), ahead, stopped in results:
             if ahead is not None:
                 st.prefetched[key] = ahead
             elif stopped is None:
-                serial = True                 # what could not run ahead runs in the serial pass
+                self.collecting = False       # what could not run ahead runs in the serial pass
             elif stopped not in wanted:
                 wanted.append(stopped)
-        if serial:
-            self.collecting = False
-            self.gave_up = True
-        else:
-            self.wanted = wanted              # brought up to date by the engine next
-
-
-class RoundWork:
-    """incr._aio work (in a _Suspend): the run-ahead round of a pass inside a running event
-    loop (``await rt.astabilize()``). The calls run in a thread of the loop's executor,
-    awaited, so the loop goes on meanwhile; while they run the pass's Ahead is the runtime's
-    prefetch again (what the workers read goes through it, as in a round of a sync pass), and
-    afterwards it is kept for the next pass, which takes it over with the results
-    (``Runtime.ahead_kept``, _core_schedule.pxi ahead_start). Cancelled, it still waits for
-    the calls in flight (no worker outlives its round), then the cancellation goes on."""
-
-    def __init__(self, ahead):
-        self.ahead = ahead
-        self.key = ("incr run-ahead round", id(ahead))
-
-    async def do(self, rt) -> None:
-        import asyncio
-        ahead = self.ahead
-        collecting, ahead.collecting = ahead.collecting, False   # others' demands meanwhile
-        rt.prefetch = ahead                                       # set nothing aside in it
-        cf = _shared_pool().submit(contextvars.copy_context().run, ahead.run)
-        try:
-            try:
-                ahead.ran = await asyncio.shield(asyncio.wrap_future(cf))
-            except asyncio.CancelledError:
-                try:
-                    cf.result()         # (blocks: the calls in flight end first)
-                except BaseException:   # noqa: BLE001 -- the cancellation is what goes on
-                    pass
-                raise
-        finally:
-            if rt.prefetch is ahead:
-                rt.prefetch = None
-            ahead.collecting = collecting and not ahead.gave_up
-            ahead.rounds += 1
-        ahead.kept_rev = rt.revision
-        rt.ahead_kept = ahead           # the next pass takes it over (ahead_pass)
+        if self.collecting:
+            self.wanted = wanted              # brought up to date by ahead_round (the engine)
 
 
 # -- lending: plain sync cells in worker threads (_core_schedule.pxi) ------------------------

