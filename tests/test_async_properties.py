@@ -1253,14 +1253,16 @@ def test_an_async_validator_that_reads_its_own_node_is_a_cycle_not_a_deadlock():
     assert outcomes == {"sync": "unknown", "await": "unknown"}, outcomes
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: found by the machine (seed 32 at 200 examples), not async-specific: an LLM node "
-    "demanded while halted whose dependency (another LLM node) changed ends halted; after "
-    "rt.resume() its next demand returns its old value and rt._check() reports I7 (clean, but "
-    "made under a dependency that changed since). Likely in the halt path of incr.llmnodes "
-    "(_halt_point) leaving the reader marked up to date; not fixed here"))
 @pytest.mark.parametrize("how", ["sync", "await"])
 def test_an_llm_node_demanded_while_halted_is_recomputed_after_resume(how):
+    """Found by the machine (seed 32 at 200 examples), not async-specific. n1's run re-read
+    n0, which failed halted; the loop then kept a snapshot of its reads holding the tick of
+    that failure, as if it had looked at it. After rt.resume(), n0 ran again at that same
+    tick (nothing had moved the clock), so n1 saw no change and served its old candidate
+    (I7). Fixed twice over: an exception while re-reading keeps nothing (llmnodes._Loop.run),
+    and resume() makes whatever met a halted node stale (Runtime._halt_lifted);
+    tests/test_llm_halt.py covers the other readers (plain and async cells, stabilize,
+    workers, a store)."""
     rt = incr.Runtime(max_workers=1)
     x = rt.input("x", 0)
     y = rt.input("y", 0)
