@@ -1293,3 +1293,49 @@ def test_an_llm_node_demanded_while_halted_is_recomputed_after_resume(how):
     rt.resume()
     assert get() == 105
     rt._check()
+
+
+def test_an_interrupted_pass_leaves_no_work_it_started_marked_running():
+    """A Ctrl-C in a pass that has set aside async work (mid's first step awaits leaf, whose
+    task is created but has not started when syn raises): the pass drops mid's run, and
+    leaf's task, left without a waiter, is cancelled -- but it was only settled when the loop
+    next ran it, after the operation had ended, so leaf stayed marked running in between (I6;
+    the debug build's finding, tests/test_attack_async.py finding5). Checked in the loop
+    right after the interrupted astabilize(), before the loop runs again."""
+    rt = incr.Runtime()
+    interrupt = [True]
+    ran = []
+
+    @incr.cell
+    async def leaf():
+        ran.append("leaf")
+        await asyncio.sleep(0)
+        return 1
+
+    @incr.cell
+    async def mid():
+        ran.append("mid")
+        return await leaf() + 1
+
+    @incr.cell
+    def syn():
+        ran.append("syn")
+        if interrupt[0]:
+            interrupt[0] = False
+            raise KeyboardInterrupt
+        return 5
+
+    o1, o2 = rt.observe(mid), rt.observe(syn)
+
+    async def main():
+        with pytest.raises(KeyboardInterrupt):
+            await rt.astabilize()
+        rt._check()
+        ran.clear()
+        await rt.astabilize()
+        rt._check()
+        return o1.value, o2.value
+
+    assert asyncio.run(main()) == (2, 5)
+    assert sorted(ran) == ["leaf", "mid", "syn"]    # each once: nothing of the first pass kept
+    rt._check()

@@ -526,3 +526,40 @@ def test_a_halted_reader_with_a_store_records_nothing_partial(tmp_path, how):
     assert calls == []                            # taken from the store
     rt._check()
     rt.close()
+
+
+def test_a_fallback_made_while_halted_is_not_taken_from_the_store(tmp_path):
+    """A plain cell that caught NotAccepted("halted") and returned a fallback: a restart on
+    the same store computes it, it never loads the fallback."""
+    def build(rt, calls):
+        x, y, n0, n1 = _halted_pair(rt, calls)
+
+        @incr.cell
+        def reader():
+            calls.append("reader")
+            try:
+                return n1() * 2
+            except incr.NotAccepted:
+                return "fallback"
+        return y, reader
+
+    rt = incr.Runtime(store=str(tmp_path / "s"))
+    calls = []
+    y, reader = build(rt, calls)
+    with rt:
+        assert reader() == 200
+    rt.halt("operator")
+    y.set(1)
+    with rt:
+        assert reader() == "fallback"
+    rt._check()
+    rt.close()
+    rt = incr.Runtime(store=str(tmp_path / "s"))
+    calls = []
+    y, reader = build(rt, calls)
+    y.set(1)
+    with rt:
+        assert reader() == 210
+    assert calls == ["n0", "n1", "reader"]
+    rt._check()
+    rt.close()
