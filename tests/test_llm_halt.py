@@ -563,3 +563,66 @@ def test_a_fallback_made_while_halted_is_not_taken_from_the_store(tmp_path):
     assert calls == ["n0", "n1", "reader"]
     rt._check()
     rt.close()
+
+
+@pytest.mark.parametrize("shape", ["observed cells in worker threads", "incr.gather"])
+def test_plain_cells_that_met_halted_nodes_concurrently_run_again_after_resume(shape):
+    """max_workers=2: the readers of two halted nodes ran in worker threads (two observed
+    plain cells), or read them through one incr.gather; each caught the NotAccepted."""
+    rt = incr.Runtime(max_workers=2)
+    y = rt.input("y", 0)
+    calls = []
+    lock = threading.Lock()
+
+    def note(what):
+        with lock:
+            calls.append(what)
+
+    @incr.llm(version="n")
+    def node(i, *, previous=None, feedback=()):
+        note(f"node {i}")
+        return y.get() + i
+
+    @incr.cell
+    def reader(i):
+        note(f"reader {i}")
+        try:
+            return node(i) * 10
+        except incr.NotAccepted as e:
+            return f"fallback: {e.reason}"
+
+    @incr.cell
+    def both():
+        note("both")
+        try:
+            return incr.gather(lambda: node(0), lambda: node(1))
+        except incr.NotAccepted as e:
+            return f"fallback: {e.reason}"
+
+    obs = [rt.observe(reader, i) for i in range(2)] if shape != "incr.gather" \
+        else [rt.observe(both)]
+    rt.stabilize()
+    before = [o.value for o in obs]
+    assert before == ([0, 10] if shape != "incr.gather" else [[0, 1]])
+    calls.clear()
+    rt.halt("operator")
+    y.set(1)
+    try:
+        rt.stabilize()
+    except incr.NotAccepted:
+        pass
+    assert [o.value for o in obs] == ["fallback: halted"] * len(obs)
+    assert not any(c.startswith("node") for c in calls)
+    rt._check()
+    calls.clear()
+    rt.resume()
+    rt.stabilize()
+    assert [o.value for o in obs] == ([10, 20] if shape != "incr.gather" else [[1, 2]])
+    assert sorted(set(calls)) == (["node 0", "node 1", "reader 0", "reader 1"]
+                                  if shape != "incr.gather" else ["both", "node 0", "node 1"])
+    assert [rt.state(node, i).revision for i in range(2)] == [2, 2]
+    rt._check()
+    calls.clear()
+    rt.stabilize()
+    assert calls == []
+    rt._check()
