@@ -429,6 +429,12 @@ def abandon(rt, works) -> None:
 def call(rt, n):
     """Calling an async cell: in async code (a running loop, at top level or in an async
     cell's body) an awaitable; in sync code its value."""
+    pf = rt.prefetch
+    if pf is not None and pf.is_worker():
+        # a worker thread (a thunk or run lent to it, a call run ahead) is sync code: the
+        # runtime's frames are the driver's, whose top may be an async call's meanwhile (a
+        # validator's, say), not this thread's; demand() hands the read to the pass
+        return rt._demand(n)
     frames = rt._frames()
     if frames:
         top = frames[-1]

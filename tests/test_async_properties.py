@@ -1339,3 +1339,49 @@ def test_an_interrupted_pass_leaves_no_work_it_started_marked_running():
     assert asyncio.run(main()) == (2, 5)
     assert sorted(ran) == ["leaf", "mid", "syn"]    # each once: nothing of the first pass kept
     rt._check()
+
+
+def test_a_gather_thunk_in_a_worker_calling_an_async_cell_while_the_driver_is_in_an_async_call():
+    """Found by the machine (seed 2 at 300 examples, about one run in three): a sync cell's
+    incr.gather lends its second thunk to a worker thread (max_workers=2) while this thread
+    runs the first -- an LLM node whose async validator is being called. The worker's call
+    of an async cell looked at the runtime's frames, which are the driver's, saw the async
+    call's frame on top, and returned a coroutine: TypeError "thunk 1 ... returned
+    coroutine". Events make the two overlap every time."""
+    rt = incr.Runtime(max_workers=2)
+    x = rt.input("x", 1)
+    started, done = threading.Event(), threading.Event()
+    ran = []
+
+    @incr.cell
+    async def a():
+        ran.append("a")
+        await asyncio.sleep(0)
+        return x.get() * 10
+
+    @incr.validator(version="v")
+    async def blocks(candidate):
+        if not started.is_set():
+            started.set()                  # the worker calls a() while this call runs
+            assert done.wait(10)
+        return incr.ACK("ok")
+
+    @incr.llm(validators=[blocks], version="n")
+    def node(*, previous=None, feedback=()):
+        ran.append("node")
+        return x.get()
+
+    @incr.cell
+    def both():
+        def second():
+            assert started.wait(10)
+            try:
+                return a()
+            finally:
+                done.set()
+        return incr.gather(lambda: node(), second)
+
+    with rt:
+        assert both() == [1, 10]
+    assert sorted(ran) == ["a", "node"]
+    rt._check()
