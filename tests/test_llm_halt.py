@@ -626,3 +626,69 @@ def test_plain_cells_that_met_halted_nodes_concurrently_run_again_after_resume(s
     rt.stabilize()
     assert calls == []
     rt._check()
+
+
+@pytest.mark.parametrize("how", ["sync", "aget", "astabilize"])
+def test_async_nodes_and_an_async_reader_that_met_the_halt_run_again_after_resume(how):
+    """The same with async generators (n1 awaits n0) and an observed async cell that catches
+    the NotAccepted; demanded from sync code, awaited, or through astabilize()."""
+    rt = incr.Runtime()
+    calls = []
+    x = rt.input("x", 0)
+    y = rt.input("y", 0)
+
+    @incr.llm(version="a0")
+    async def n0(*, previous=None, feedback=()):
+        calls.append("n0")
+        await asyncio.sleep(0)
+        return y.get() * 5
+
+    @incr.llm(version="a1")
+    async def n1(*, previous=None, feedback=()):
+        calls.append("n1")
+        v = await n0.aget()
+        await asyncio.sleep(0)
+        return x.get() + v + 100
+
+    @incr.cell
+    async def reader():
+        calls.append("reader")
+        try:
+            return await n1.aget() * 2
+        except incr.NotAccepted as e:
+            return f"fallback: {e.reason}"
+
+    obs = rt.observe(reader)
+
+    def get():
+        if how == "sync":
+            with rt:
+                return reader()
+        if how == "aget":
+            async def main():
+                with rt:
+                    return await reader.aget()
+            return asyncio.run(main())
+
+        async def main():
+            await rt.astabilize()
+        asyncio.run(main())
+        return obs.value
+
+    assert get() == 200
+    rt.halt("operator")
+    y.set(1)
+    calls.clear()
+    assert get() == "fallback: halted"
+    assert calls == ["reader"]
+    rt._check()
+    rt.resume()
+    calls.clear()
+    assert get() == 210
+    assert sorted(set(calls)) == ["n0", "n1", "reader"]
+    assert (rt.state(n0).revision, rt.state(n1).revision) == (2, 2)
+    rt._check()
+    calls.clear()
+    assert get() == 210
+    assert calls == []
+    rt._check()
