@@ -933,6 +933,7 @@ class _Loop:
         deferred = False
         taken_in = False      # every change since the last run has been looked at
         unrun = False         # interrupted before it settled: undone, nothing kept
+        unread = False        # a dependency raised while re-reading: nothing kept
         self.undo = _switch_state(st)
         try:
             first = st.snapshot is None and st.refs is None
@@ -1021,6 +1022,8 @@ class _Loop:
                 unrun = True
             elif isinstance(e, _Deferred):
                 deferred = True
+            elif not taken_in and isinstance(e, Exception):
+                unread = True     # a dependency raised while the run re-read (see below)
             elif not isinstance(e, Exception):
                 # Ctrl-C (or SystemExit) anywhere in the loop (normalize, apply, an event
                 # callback): as for an interrupted generator call, the store keeps its last
@@ -1041,7 +1044,7 @@ class _Loop:
                 # fall back to the candidate of an older context. The store keeps its last
                 # record, as if this run had not happened.
                 self._keep(save=False)
-            elif not deferred and not taken_in:
+            elif unread:
                 # a dependency raised while the run re-read what the last one read (it
                 # failed, or was halted): nothing was looked at, so nothing is kept -- the
                 # snapshot, where the run goes on and the store's record stay as they were,
