@@ -668,9 +668,9 @@ AsyncVsSerial.TestCase.settings = settings(
     report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                            HealthCheck.data_too_large],
-    # CI runs a fixed sequence of examples: the one open bug this machine still finds now and
-    # then (the halt path, pinned by test_an_llm_node_demanded_while_halted_is_recomputed_after
-    # _resume below) must not turn a landing red by chance; local runs stay random
+    # CI runs a fixed sequence of examples: an open bug this machine may still find now and
+    # then (seed 61 at 300 examples hangs in a pass, see below) must not turn a landing red by
+    # chance; local runs stay random
     derandomize=os.environ.get("CI") == "true",
 )
 TestAsyncVsSerial = AsyncVsSerial.TestCase
@@ -683,8 +683,11 @@ TestAsyncVsSerial = AsyncVsSerial.TestCase
 # the machine above exercises the same paths by default (INCR_ASYNC_IGNORE turns some off to
 # look for other bugs). With them fixed the machine passes at 200 examples for seeds 1-12 and
 # 30-35 but 32 (INCR_PROPERTY_EXAMPLES=200 ... --hypothesis-seed=N), and at 400 for seeds 20-23.
-# Seed 32 finds a halt bug that is not async (sync demands show it too): the open test
-# test_an_llm_node_demanded_while_halted_is_recomputed_after_resume below.
+# Seed 32 found a halt bug that is not async (sync demands show it too), fixed since:
+# test_an_llm_node_demanded_while_halted_is_recomputed_after_resume below. After that fix,
+# at 300 examples seeds 1-3, 32, 40, 41, 50-58 and 60-65 pass but 2 (the worker's async-cell
+# call: test_a_gather_thunk_in_a_worker_calling_an_async_cell_..., fixed since) and 61,
+# which hangs inside a stabilize() driven by astabilize (main too; not pinned yet).
 
 
 def test_await_of_an_async_node_inside_an_async_generator():
@@ -1385,3 +1388,157 @@ def test_a_gather_thunk_in_a_worker_calling_an_async_cell_while_the_driver_is_in
         assert both() == [1, 10]
     assert sorted(ran) == ["a", "node"]
     rt._check()
+
+
+# Found by the machine at seed 61, 300 examples (main too): the program below, replayed step
+# by step, never ends -- stabilize_pass loops on ahead_round (gdb: rounds = 4,783,015), each
+# round finding an observed instance marked to run ahead though rt.prefetch was stopped
+# after round 32 ("the next round is serial"). Not a halt-path bug (no halt in it); the
+# scheduler's (incr/_core_schedule.pxi, _core_stabilize.pxi). Run in a child with a time
+# limit, so that the hang fails this test instead of ending the suite.
+_SEED61 = """
+import sys
+sys.path.insert(0, "tests")
+import test_async_properties as T
+
+
+class D:
+    def __init__(self, v):
+        self.v = v
+
+    def draw(self, strat, label=None):
+        return self.v
+
+
+state = T.AsyncVsSerial()
+state.build(spec=[{'kind': 'sync',
+  'deps': [('in', 1)],
+  'mod': 7,
+  'boom': 2,
+  'hopeless': 3,
+  'draft': None,
+  'gather': True,
+  'plain_sync': False,
+  'avalid': True,
+  'acall': True},
+ {'kind': 'allm',
+  'deps': [('node', 0)],
+  'mod': 3,
+  'boom': None,
+  'hopeless': None,
+  'draft': 0,
+  'gather': True,
+  'plain_sync': False,
+  'avalid': True,
+  'acall': False},
+ {'kind': 'llm',
+  'deps': [('in', 1), ('in', 2), ('node', 0)],
+  'mod': 3,
+  'boom': 2,
+  'hopeless': None,
+  'draft': 0,
+  'gather': True,
+  'plain_sync': False,
+  'avalid': True,
+  'acall': False},
+ {'kind': 'llm',
+  'deps': [('in', 1)],
+  'mod': 3,
+  'boom': None,
+  'hopeless': 1,
+  'draft': 1,
+  'gather': True,
+  'plain_sync': True,
+  'avalid': True,
+  'acall': False},
+ {'kind': 'sync',
+  'deps': [('node', 3), ('in', 1), ('node', 2)],
+  'mod': 3,
+  'boom': None,
+  'hopeless': None,
+  'draft': None,
+  'gather': False,
+  'plain_sync': True,
+  'avalid': True,
+  'acall': True},
+ {'kind': 'async',
+  'deps': [('in', 1)],
+  'mod': 3,
+  'boom': 0,
+  'hopeless': 3,
+  'draft': None,
+  'gather': True,
+  'plain_sync': False,
+  'avalid': False,
+  'acall': False},
+ {'kind': 'llm',
+  'deps': [('node', 4), ('node', 1), ('in', 0)],
+  'mod': 7,
+  'boom': 2,
+  'hopeless': None,
+  'draft': None,
+  'gather': False,
+  'plain_sync': True,
+  'avalid': False,
+  'acall': False},
+ {'kind': 'allm',
+  'deps': [('node', 5), ('node', 0), ('node', 6)],
+  'mod': 5,
+  'boom': None,
+  'hopeless': None,
+  'draft': 1,
+  'gather': False,
+  'plain_sync': True,
+  'avalid': False,
+  'acall': False}], values=[4, 0, 1])
+state.consistent()
+state.observe(data=D(6))
+state.consistent()
+state.observe(data=D(4))
+state.consistent()
+state.demand(data=D(3), how='await')
+state.consistent()
+state.set_input(k=2, v=2)
+state.consistent()
+state.observe(data=D(3))
+state.consistent()
+state.demand(data=D(6), how='await')
+state.consistent()
+state.demand(data=D(5), how='sync')
+state.consistent()
+state.stabilize_sync()
+state.consistent()
+state.set_input(k=1, v=3)
+state.consistent()
+state.set_input(k=0, v=1)
+state.consistent()
+state.set_input(k=0, v=0)
+state.consistent()
+state.demand(data=D(5), how='sync')
+state.consistent()
+state.stabilize_sync()
+state.consistent()
+print('DONE')
+state.teardown()
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open (issue 11): a stabilize() driven by astabilize livelocks in its run-ahead rounds "
+    "(stabilize_pass calls ahead_round without end after rt.prefetch.stop()); found by the "
+    "async-vs-serial machine at seed 61, 300 examples; the scheduler's, not fixed here"))
+def test_seed61_program_ends(tmp_path):
+    import subprocess
+    import sys as _sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "seed61.py"
+    script.write_text(_SEED61)
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        done = subprocess.run([_sys.executable, str(script)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=45)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the seed-61 program did not end in 45 s (the run-ahead "
+                             "livelock)") from None
+    assert done.returncode == 0 and "DONE" in done.stdout, done.stdout[-2000:] + \
+        done.stderr[-2000:]
