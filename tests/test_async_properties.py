@@ -1391,9 +1391,12 @@ def test_a_gather_thunk_in_a_worker_calling_an_async_cell_while_the_driver_is_in
 
 
 # Found by the machine at seed 61, 300 examples (main too): the program below, replayed step
-# by step, never ends -- stabilize_pass loops on ahead_round (gdb: rounds = 4,783,015), each
-# round finding an observed instance marked to run ahead though rt.prefetch was stopped
-# after round 32 ("the next round is serial"). Not a halt-path bug (no halt in it); the
+# by step, never ends -- stabilize_pass loops on ahead_round (gdb: rounds = 4,783,015): from
+# some round on, incr.remote.Ahead.run() has nothing set aside (returns False, so prefetch is
+# stopped: "the next round is serial"), yet every round again finds something waiting to
+# run ahead (a _Deferred or rt.ahead_marked), and nothing bounds the loop. (At the 2000th
+# round rt._check() shows only the observed n6() -- a sync LLM node reading n4, n1 and an
+# input -- stale and not queued, as mid-pass.) Not a halt-path bug (no halt in it); the
 # scheduler's (incr/_core_schedule.pxi, _core_stabilize.pxi). Run in a child with a time
 # limit, so that the hang fails this test instead of ending the suite.
 _SEED61 = """
