@@ -61,7 +61,7 @@ def _op_ended() -> None:
         _op_loops[loop] = k
     else:
         _op_loops.pop(loop, None)
-_work: dict = {}      # future of work in flight -> [its task, how many wait for it]
+_work: dict = {}      # future of work in flight -> [its task, how many wait for it, the work]
 
 
 def loop_running() -> bool:
@@ -428,6 +428,12 @@ def call(rt, n):
     cell's body) an awaitable; in sync code its value."""
     # (in an async cell's body, the usual case, the core returns the awaitable itself:
     # Cell.call_slow)
+    pf = rt.prefetch
+    if pf is not None and pf.is_worker():
+        # a worker thread (a thunk or run lent to it, a call run ahead) is sync code: the
+        # runtime's frames are the driver's, whose top may be an async call's meanwhile (a
+        # validator's, say), not this thread's; demand() hands the read to the pass
+        return rt._demand(n)
     frames = rt._frames()
     if frames:
         top = frames[-1]
@@ -610,7 +616,7 @@ async def do_works(rt, works: list, chain: list) -> None:
                 ctx.run(_core._active_var().set, rt)    # the task computes on rt
                 task = loop.create_task(_perform(rt, w, fut), context=ctx)
                 task.add_done_callback(functools.partial(_finished, rt, w, fut))
-                _work[fut] = [task, 0]
+                _work[fut] = [task, 0, w]
             except BaseException:
                 # interrupted (Ctrl-C) before the work was fully registered: nobody would
                 # finish it, and its future would pin the key to this loop for good
@@ -660,7 +666,17 @@ async def do_works(rt, works: list, chain: list) -> None:
                     # its last waiter is gone (cancelled): the work is cancelled too, and
                     # records nothing
                     entry[0].cancel()
-                    orphans.append(entry[0])
+                    if entry[0] in _performing:
+                        orphans.append(entry[0])
+                    else:
+                        # its task never started (created in this step, the loop has not
+                        # run since): nothing of it ran, so it is over now -- its run
+                        # closed, recording nothing. Left to the loop, it would be marked
+                        # running until the loop runs again: after the operation ended,
+                        # when this waiter is a coroutine being closed (a pass interrupted
+                        # by Ctrl-C drops its started work), which cannot wait. (The
+                        # task's done callback then finds it finished.)
+                        _finished(rt, entry[2], f)
         if orphans:
             # structured: no work outlives its last waiter -- the cancelled tasks unwind
             # (their runs closed, recording nothing) before this waiter goes on, so the trace

@@ -83,9 +83,10 @@ cdef object demand(Runtime rt, Instance n):
             check_usable(rt)
         if rt.failed and not rt.keep_failed:
             rt.failed.clear()  # a new top-level pass: failed instances run again
-        if rt.llm is not None and rt.llm.spot:
+        if rt.llm is not None and (rt.llm.spot or rt.llm.halted):
             # LLM nodes with recheck_every= whose spot check is due are withdrawn first, as
-            # at the start of stabilize(): a node demanded without an observer is checked too
+            # at the start of stabilize(): a node demanded without an observer is checked
+            # too; and after rt.resume(), what met a halted node is made stale
             from incr import llmnodes as _llm
             _llm.spot_checks(rt)
     if (n.flags & (F_DIRTY | F_HAS_VALUE | F_RUNNING | F_VERIFYING)) == F_HAS_VALUE:

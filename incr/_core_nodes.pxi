@@ -366,6 +366,9 @@ cdef class Cell:
         cdef list frames
         if self.awaited:
             frames = rt.frames
+            if rt.prefetch is not None and rt.prefetch.is_worker():
+                # a worker thread is sync code: the frames are the driver's (see _aio.call)
+                return _aio_mod().call(rt, n)
             if frames and (<Frame>frames[len(frames) - 1]).node.cell.is_async:
                 # in an async cell's body (the usual case): an awaitable (_core_async.pxi)
                 return new_await(rt, n, tuple(frames))

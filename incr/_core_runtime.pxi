@@ -208,12 +208,14 @@ cdef class Runtime:
             # a stabilization begins (not a pass of rt.astabilize's, which holds the runtime):
             # its first pass announces itself
             self.llm.pass_open = False
-        if self.llm is not None and (self.llm.spot or self.llm.pass_budget is not None):
+        if self.llm is not None and (self.llm.spot or self.llm.halted
+                                     or self.llm.pass_budget is not None):
             from incr import llmnodes as _llm
             if self.llm.pass_budget is not None and not self.catching:
                 _llm.pass_reset(self)     # Runtime(pass_budget=): a stabilization begins
-            if self.llm.spot:
-                # LLM nodes with recheck_every= whose spot check is due are withdrawn first
+            if self.llm.spot or self.llm.halted:
+                # LLM nodes with recheck_every= whose spot check is due are withdrawn
+                # first; after rt.resume(), what met a halted node is made stale
                 _llm.spot_checks(self)
         if _async_defined and not _loop_running() and not self.busy_depth:
             # async cells or calls may need to run: on this thread's event loop, concurrently
@@ -480,6 +482,25 @@ cdef class Runtime:
             raise ReentrancyError(self._reentrancy(f"withdraw {n.label()}"))
         if not check:
             invalidate(self, n)
+
+    def _halt_lifted(self, list insts):
+        """rt.resume(), applied at the start of the next top-level operation: each of
+        ``insts`` stopped at rt.halt, and what it raised (NotAccepted("halted")) rests on
+        the halt, not on anything in the trace. So everything that met it -- a reader that
+        failed with it, or caught it and returned something else -- is stale, as after an
+        input change (a clock tick, dirtiness pushed), and the failures are no longer kept
+        for the operation: each runs again at its next demand. False, changing nothing,
+        while a computation or async work is in flight (a run that read the failure would
+        be recorded clean after it): the caller tries again at the next operation."""
+        cdef Instance n
+        check_usable(self)
+        if self.frames or self.stabilizing or self.inflight:
+            return False
+        self.clock += 1
+        for n in insts:
+            self.failed.pop(n, None)
+            dirty_from(self, n)
+        return True
 
     def _frames_swap(self, list frames):
         """Make ``frames`` the running stack (one asyncio task's); returns the previous one."""

@@ -421,6 +421,8 @@ class _Bookkeeping:
         self.seconds = 0.0
         self.latest: dict = {}              # LLMNode -> (candidate, label): reuse="revalidate"
         self.spot: dict = {}                # Instance -> (rt.revision, monotonic) at acceptance
+        self.halted: set = set()            # Instances whose loop stopped at rt.halt, until
+                                            # the next operation after rt.resume() (spot_checks)
         self.audited: set = set()           # LLMNodes whose validators were compared with
                                             # the store's record of them
 
@@ -612,9 +614,15 @@ def pass_finished(rt, report, errors) -> None:
 
 
 def spot_checks(rt) -> None:
-    """Before a stabilization: withdraw every stable node with recheck_every= whose spot
-    check is due, so that the pass re-runs its validators on its accepted candidate."""
+    """Before a stabilization (or a top-level demand): withdraw every stable node with
+    recheck_every= whose spot check is due, so that the pass re-runs its validators on its
+    accepted candidate; and, after rt.resume(), make stale whatever met a node halted before
+    it (Runtime._halt_lifted)."""
     book = rt.llm
+    if book.halted and rt.halt_reason is None:
+        # rt.resume() came since these stopped at the halt: what met them is stale
+        if rt._halt_lifted(list(book.halted)):
+            book.halted = set()
     now = time.monotonic()
     for inst, (rev, t) in list(book.spot.items()):
         st = book.nodes.get(inst)
@@ -931,6 +939,7 @@ class _Loop:
         deferred = False
         taken_in = False      # every change since the last run has been looked at
         unrun = False         # interrupted before it settled: undone, nothing kept
+        unread = False        # a dependency raised while re-reading: nothing kept
         self.undo = _switch_state(st)
         try:
             first = st.snapshot is None and st.refs is None
@@ -1019,6 +1028,8 @@ class _Loop:
                 unrun = True
             elif isinstance(e, _Deferred):
                 deferred = True
+            elif not taken_in and isinstance(e, Exception):
+                unread = True     # a dependency raised while the run re-read (see below)
             elif not isinstance(e, Exception):
                 # Ctrl-C (or SystemExit) anywhere in the loop (normalize, apply, an event
                 # callback): as for an interrupted generator call, the store keeps its last
@@ -1039,6 +1050,14 @@ class _Loop:
                 # fall back to the candidate of an older context. The store keeps its last
                 # record, as if this run had not happened.
                 self._keep(save=False)
+            elif unread:
+                # a dependency raised while the run re-read what the last one read (it
+                # failed, or was halted): nothing was looked at, so nothing is kept -- the
+                # snapshot, where the run goes on and the store's record stay as they were,
+                # and the next run sees the change. (Kept, the snapshot would hold the
+                # failure's tick: a dependency halted, then recomputed after rt.resume() at
+                # that same tick, would look unchanged, and the old candidate be served.)
+                pass
             elif not deferred:
                 st.pending = False
                 self._keep(save=True)
@@ -1464,6 +1483,7 @@ class _Loop:
         st = self.st
         st.prefetched.clear()
         self.cut_short = True
+        self.book.halted.add(self.inst)     # made stale, with its readers, after rt.resume()
         _emit(self.book, events.Halted(st.label, "halted", reason))
         raise NotAccepted(st.label, "halted", _report(self.node, st, "halted", None, reason),
                           _best(st), st.spent_attempts)

@@ -668,9 +668,9 @@ AsyncVsSerial.TestCase.settings = settings(
     report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                            HealthCheck.data_too_large],
-    # CI runs a fixed sequence of examples: the one open bug this machine still finds now and
-    # then (the halt path, pinned by test_an_llm_node_demanded_while_halted_is_recomputed_after
-    # _resume below) must not turn a landing red by chance; local runs stay random
+    # CI runs a fixed sequence of examples: an open bug this machine may still find now and
+    # then (seed 61 at 300 examples hangs in a pass, see below) must not turn a landing red by
+    # chance; local runs stay random
     derandomize=os.environ.get("CI") == "true",
 )
 TestAsyncVsSerial = AsyncVsSerial.TestCase
@@ -683,8 +683,11 @@ TestAsyncVsSerial = AsyncVsSerial.TestCase
 # the machine above exercises the same paths by default (INCR_ASYNC_IGNORE turns some off to
 # look for other bugs). With them fixed the machine passes at 200 examples for seeds 1-12 and
 # 30-35 but 32 (INCR_PROPERTY_EXAMPLES=200 ... --hypothesis-seed=N), and at 400 for seeds 20-23.
-# Seed 32 finds a halt bug that is not async (sync demands show it too): the open test
-# test_an_llm_node_demanded_while_halted_is_recomputed_after_resume below.
+# Seed 32 found a halt bug that is not async (sync demands show it too), fixed since:
+# test_an_llm_node_demanded_while_halted_is_recomputed_after_resume below. After that fix,
+# at 300 examples seeds 1-3, 32, 40, 41, 50-58 and 60-65 pass but 2 (the worker's async-cell
+# call: test_a_gather_thunk_in_a_worker_calling_an_async_cell_..., fixed since) and 61,
+# which hangs inside a stabilize() driven by astabilize (main too; not pinned yet).
 
 
 def test_await_of_an_async_node_inside_an_async_generator():
@@ -1253,14 +1256,16 @@ def test_an_async_validator_that_reads_its_own_node_is_a_cycle_not_a_deadlock():
     assert outcomes == {"sync": "unknown", "await": "unknown"}, outcomes
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: found by the machine (seed 32 at 200 examples), not async-specific: an LLM node "
-    "demanded while halted whose dependency (another LLM node) changed ends halted; after "
-    "rt.resume() its next demand returns its old value and rt._check() reports I7 (clean, but "
-    "made under a dependency that changed since). Likely in the halt path of incr.llmnodes "
-    "(_halt_point) leaving the reader marked up to date; not fixed here"))
 @pytest.mark.parametrize("how", ["sync", "await"])
 def test_an_llm_node_demanded_while_halted_is_recomputed_after_resume(how):
+    """Found by the machine (seed 32 at 200 examples), not async-specific. n1's run re-read
+    n0, which failed halted; the loop then kept a snapshot of its reads holding the tick of
+    that failure, as if it had looked at it. After rt.resume(), n0 ran again at that same
+    tick (nothing had moved the clock), so n1 saw no change and served its old candidate
+    (I7). Fixed twice over: an exception while re-reading keeps nothing (llmnodes._Loop.run),
+    and resume() makes whatever met a halted node stale (Runtime._halt_lifted);
+    tests/test_llm_halt.py covers the other readers (plain and async cells, stabilize,
+    workers, a store)."""
     rt = incr.Runtime(max_workers=1)
     x = rt.input("x", 0)
     y = rt.input("y", 0)
@@ -1291,3 +1296,252 @@ def test_an_llm_node_demanded_while_halted_is_recomputed_after_resume(how):
     rt.resume()
     assert get() == 105
     rt._check()
+
+
+def test_an_interrupted_pass_leaves_no_work_it_started_marked_running():
+    """A Ctrl-C in a pass that has set aside async work (mid's first step awaits leaf, whose
+    task is created but has not started when syn raises): the pass drops mid's run, and
+    leaf's task, left without a waiter, is cancelled -- but it was only settled when the loop
+    next ran it, after the operation had ended, so leaf stayed marked running in between (I6;
+    the debug build's finding, tests/test_attack_async.py finding5). Checked in the loop
+    right after the interrupted astabilize(), before the loop runs again."""
+    rt = incr.Runtime()
+    interrupt = [True]
+    ran = []
+
+    @incr.cell
+    async def leaf():
+        ran.append("leaf")
+        await asyncio.sleep(0)
+        return 1
+
+    @incr.cell
+    async def mid():
+        ran.append("mid")
+        return await leaf() + 1
+
+    @incr.cell
+    def syn():
+        ran.append("syn")
+        if interrupt[0]:
+            interrupt[0] = False
+            raise KeyboardInterrupt
+        return 5
+
+    o1, o2 = rt.observe(mid), rt.observe(syn)
+
+    async def main():
+        with pytest.raises(KeyboardInterrupt):
+            await rt.astabilize()
+        rt._check()
+        ran.clear()
+        await rt.astabilize()
+        rt._check()
+        return o1.value, o2.value
+
+    assert asyncio.run(main()) == (2, 5)
+    assert sorted(ran) == ["leaf", "mid", "syn"]    # each once: nothing of the first pass kept
+    rt._check()
+
+
+def test_a_gather_thunk_in_a_worker_calling_an_async_cell_while_the_driver_is_in_an_async_call():
+    """Found by the machine (seed 2 at 300 examples, about one run in three): a sync cell's
+    incr.gather lends its second thunk to a worker thread (max_workers=2) while this thread
+    runs the first -- an LLM node whose async validator is being called. The worker's call
+    of an async cell looked at the runtime's frames, which are the driver's, saw the async
+    call's frame on top, and returned a coroutine: TypeError "thunk 1 ... returned
+    coroutine". Events make the two overlap every time."""
+    rt = incr.Runtime(max_workers=2)
+    x = rt.input("x", 1)
+    started, done = threading.Event(), threading.Event()
+    ran = []
+
+    @incr.cell
+    async def a():
+        ran.append("a")
+        await asyncio.sleep(0)
+        return x.get() * 10
+
+    @incr.validator(version="v")
+    async def blocks(candidate):
+        if not started.is_set():
+            started.set()                  # the worker calls a() while this call runs
+            assert done.wait(10)
+        return incr.ACK("ok")
+
+    @incr.llm(validators=[blocks], version="n")
+    def node(*, previous=None, feedback=()):
+        ran.append("node")
+        return x.get()
+
+    @incr.cell
+    def both():
+        def second():
+            assert started.wait(10)
+            try:
+                return a()
+            finally:
+                done.set()
+        return incr.gather(lambda: node(), second)
+
+    with rt:
+        assert both() == [1, 10]
+    assert sorted(ran) == ["a", "node"]
+    rt._check()
+
+
+# Found by the machine at seed 61, 300 examples (main too): the program below, replayed step
+# by step, never ends -- stabilize_pass loops on ahead_round (gdb: rounds = 4,783,015): from
+# some round on, incr.remote.Ahead.run() has nothing set aside (returns False, so prefetch is
+# stopped: "the next round is serial"), yet every round again finds something waiting to
+# run ahead (a _Deferred or rt.ahead_marked), and nothing bounds the loop. (At the 2000th
+# round rt._check() shows only the observed n6() -- a sync LLM node reading n4, n1 and an
+# input -- stale and not queued, as mid-pass.) Not a halt-path bug (no halt in it); the
+# scheduler's (incr/_core_schedule.pxi, _core_stabilize.pxi). Run in a child with a time
+# limit, so that the hang fails this test instead of ending the suite.
+_SEED61 = """
+import sys
+sys.path.insert(0, "tests")
+import test_async_properties as T
+
+
+class D:
+    def __init__(self, v):
+        self.v = v
+
+    def draw(self, strat, label=None):
+        return self.v
+
+
+state = T.AsyncVsSerial()
+state.build(spec=[{'kind': 'sync',
+  'deps': [('in', 1)],
+  'mod': 7,
+  'boom': 2,
+  'hopeless': 3,
+  'draft': None,
+  'gather': True,
+  'plain_sync': False,
+  'avalid': True,
+  'acall': True},
+ {'kind': 'allm',
+  'deps': [('node', 0)],
+  'mod': 3,
+  'boom': None,
+  'hopeless': None,
+  'draft': 0,
+  'gather': True,
+  'plain_sync': False,
+  'avalid': True,
+  'acall': False},
+ {'kind': 'llm',
+  'deps': [('in', 1), ('in', 2), ('node', 0)],
+  'mod': 3,
+  'boom': 2,
+  'hopeless': None,
+  'draft': 0,
+  'gather': True,
+  'plain_sync': False,
+  'avalid': True,
+  'acall': False},
+ {'kind': 'llm',
+  'deps': [('in', 1)],
+  'mod': 3,
+  'boom': None,
+  'hopeless': 1,
+  'draft': 1,
+  'gather': True,
+  'plain_sync': True,
+  'avalid': True,
+  'acall': False},
+ {'kind': 'sync',
+  'deps': [('node', 3), ('in', 1), ('node', 2)],
+  'mod': 3,
+  'boom': None,
+  'hopeless': None,
+  'draft': None,
+  'gather': False,
+  'plain_sync': True,
+  'avalid': True,
+  'acall': True},
+ {'kind': 'async',
+  'deps': [('in', 1)],
+  'mod': 3,
+  'boom': 0,
+  'hopeless': 3,
+  'draft': None,
+  'gather': True,
+  'plain_sync': False,
+  'avalid': False,
+  'acall': False},
+ {'kind': 'llm',
+  'deps': [('node', 4), ('node', 1), ('in', 0)],
+  'mod': 7,
+  'boom': 2,
+  'hopeless': None,
+  'draft': None,
+  'gather': False,
+  'plain_sync': True,
+  'avalid': False,
+  'acall': False},
+ {'kind': 'allm',
+  'deps': [('node', 5), ('node', 0), ('node', 6)],
+  'mod': 5,
+  'boom': None,
+  'hopeless': None,
+  'draft': 1,
+  'gather': False,
+  'plain_sync': True,
+  'avalid': False,
+  'acall': False}], values=[4, 0, 1])
+state.consistent()
+state.observe(data=D(6))
+state.consistent()
+state.observe(data=D(4))
+state.consistent()
+state.demand(data=D(3), how='await')
+state.consistent()
+state.set_input(k=2, v=2)
+state.consistent()
+state.observe(data=D(3))
+state.consistent()
+state.demand(data=D(6), how='await')
+state.consistent()
+state.demand(data=D(5), how='sync')
+state.consistent()
+state.stabilize_sync()
+state.consistent()
+state.set_input(k=1, v=3)
+state.consistent()
+state.set_input(k=0, v=1)
+state.consistent()
+state.set_input(k=0, v=0)
+state.consistent()
+state.demand(data=D(5), how='sync')
+state.consistent()
+state.stabilize_sync()
+state.consistent()
+print('DONE')
+state.teardown()
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open (issue 11): a stabilize() driven by astabilize livelocks in its run-ahead rounds "
+    "(stabilize_pass calls ahead_round without end after rt.prefetch.stop()); found by the "
+    "async-vs-serial machine at seed 61, 300 examples; the scheduler's, not fixed here"))
+def test_seed61_program_ends(tmp_path):
+    import subprocess
+    import sys as _sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "seed61.py"
+    script.write_text(_SEED61)
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        done = subprocess.run([_sys.executable, str(script)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=45)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the seed-61 program did not end in 45 s (the run-ahead "
+                             "livelock)") from None
+    assert done.returncode == 0 and "DONE" in done.stdout, done.stdout[-2000:] + \
+        done.stderr[-2000:]

@@ -41,18 +41,16 @@ SUITE = [
     "tests/test_async.py",
     "tests/test_attack_async.py",
     "tests/test_concurrency_cells.py",
+    "tests/test_llm_halt.py",
 ]
 # Open bugs, each a strict xfail in the ordinary suite: on the debug build they abort the
 # process at the broken invariant instead of failing as expected, so they are left out here.
-OPEN = [
-    # the halt path leaves a reader of a halted LLM node clean (I7): issue 11
-    "tests/test_async_properties.py::test_an_llm_node_demanded_while_halted_is_recomputed_after_resume",
-    # a Ctrl-C during a pass with async work in flight leaves a run marked running (I6) when
-    # the operation ends; the next pass recovers (the test's own assertions pass): issue 11
-    "tests/test_attack_async.py::test_finding5_keyboard_interrupt_in_a_pass_with_async_work_then_restabilize_hangs",
-]
+OPEN: list = []   # (none open now)
 
 
+# (its own subprocess timeouts bound it; conftest's 300 s hang guard would end it while the
+# core compiles on a loaded machine)
+@pytest.mark.hang_limit(5400)
 def test_the_debug_build_finds_no_broken_invariant(tmp_path):
     if os.environ.get("INCR_CI_DEBUG") != "1":
         pytest.skip("needs the debug build, compiled here (minutes on 2 cores): .ci/run sets "
