@@ -154,6 +154,17 @@ cdef enum CutoffKind:
     C_CALLABLE = 3
 
 
+cdef class Stabilization:
+    # The report of one stabilize pass (incr.Stabilization; fields public, as they were when it
+    # was a Python class: incr._aio prepends the runs of an async stabilization's earlier
+    # passes to _log and sets seconds)
+    cdef public list _log            # (instance, action) in run order
+    cdef public object _labels       # [(label, action)], built when first read, or None
+    cdef public object reused        # count of instances verified without running
+    cdef public object seconds       # the pass's duration
+    cdef public object revision      # rt.revision at its end
+
+
 cdef class Observer:
     cdef readonly Runtime runtime
     cdef Instance node
@@ -295,6 +306,7 @@ cdef void invalidate(Runtime rt, Instance n) except *
 
 # _core_stabilize.pxi -- one stabilization: observed instances in timestamp order, then callbacks
 cdef object stabilize_pass(Runtime rt)
+cdef Stabilization _report(list log, long long reused, double seconds, long long revision)  # (_core_nodes.pxi)
 
 # _core_schedule.pxi -- running ahead: work a pass sets aside and runs concurrently
 cdef void ahead_start(Runtime rt) except *
