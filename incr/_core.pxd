@@ -75,6 +75,8 @@ cdef class Instance(Node):
     cdef list observed_by            # live Observers on it, or None
     cdef int last_action             # A_* below: what happened at its last verification
     cdef Persist persist             # its persistent identity (store only), or None
+    cdef Py_ssize_t walk_at          # on a verification stack: the next of `deps` ensure()
+                                     # checks; 0 when on none (_core_verify.pxi)
 
     cdef str label(self)
 
@@ -160,9 +162,9 @@ cdef class Stabilization:
     # passes to _log and sets seconds)
     cdef public list _log            # (instance, action) in run order
     cdef public object _labels       # [(label, action)], built when first read, or None
-    cdef public object reused        # count of instances verified without running
-    cdef public object seconds       # the pass's duration
-    cdef public object revision      # rt.revision at its end
+    cdef public long long reused     # count of instances verified without running
+    cdef public double seconds       # the pass's duration
+    cdef public long long revision   # rt.revision at its end
 
 
 cdef class Observer:
@@ -195,8 +197,8 @@ cdef class Runtime:
     cdef Frame free_frames           # frames of finished sync runs that nothing else holds,
                                      # linked through next_free, their reads empty (reused by
                                      # run(): no allocation per run)
-    cdef list spare_stack, spare_idx # the empty stack and index lists of the last ensure()
-                                     # that returned, or None (_core_verify.pxi)
+    cdef list spare_stack            # the empty stack of the last ensure() that returned, or
+                                     # None (_core_verify.pxi)
     cdef unsigned long owner         # the thread that pushed the outermost frame
     cdef list dirty_observed         # observed instances made dirty since the last stabilize
     cdef list unnotified             # Observers whose callbacks an interrupt kept from running
@@ -282,7 +284,7 @@ cdef void owe(Runtime rt, list todo)
 # _core_verify.pxi -- bring one instance up to date on an explicit stack (Salsa's
 # maybe_changed_after)
 cdef object ensure(Runtime rt, Instance n)
-cdef int attempt(Runtime rt, Instance m, list stack, list idx) except -1
+cdef int attempt(Runtime rt, Instance m, list stack) except -1
 cdef bint run_in_stack(Runtime rt, Instance m, bint bottom) except -1
 
 # _core_execute.pxi -- run an instance's function and record what it read
@@ -313,14 +315,14 @@ cdef void ahead_start(Runtime rt) except *
 cdef bint ahead_open(Runtime rt) except -1
 cdef void ahead_round(Runtime rt, int rounds) except *
 cdef void ahead_close(Runtime rt)
-cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1   # an executor
+cdef int ahead_ship(Runtime rt, Instance m, list stack) except -1   # an executor
 cdef object lend_pass(Runtime rt, list todo)       # a pass lends its ready observed instances
 cdef object lend_open(Runtime rt, list jobs, bint thunks)
 cdef void lend_close(Runtime rt, object lending) except *
 cdef bint lend_take(Runtime rt, Instance m) except -1   # attempt(): a worker's run of m
 
 # _core_store.pxi -- adopt a stored trace instead of running; record a run for the store
-cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1
+cdef int probe_step(Runtime rt, Instance m, list stack) except -1
 cdef int no_match(Runtime rt, Persist p)               # a lookup ends without a match
 cdef object index_node(Runtime rt, bytes key)          # an index node's value, or None
 cdef tuple _pass_iops(object store)                    # the pass's index cursor methods

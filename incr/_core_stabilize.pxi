@@ -165,8 +165,10 @@ cdef object stabilize_pass(Runtime rt):
             failed.setdefault(n, e)
     # callbacks run once everything is up to date, outside the trace: every one of them,
     # even if one raises; an interrupt keeps the rest for the next pass
-    due = rt.unnotified
-    rt.unnotified = []
+    cdef list due = None       # (made when an observer is due: none, the usual no-op pass)
+    if rt.unnotified:
+        due = rt.unnotified
+        rt.unnotified = []
     for n in todo:
         if n.observed_by is None:
             continue
@@ -177,7 +179,10 @@ cdef object stabilize_pass(Runtime rt):
             elif n.flags & F_HAS_VALUE:
                 o.error = None
                 if o.seen_at != n.changed_at:
-                    due.append(o)
+                    if due is None:
+                        due = [o]
+                    else:
+                        due.append(o)
     cb_errors = _notify(due, rt) if due else None
     report = _report(log, rt.n_reused - reused0, _now() - t0, rt.revision)
     if rt.llm is not None and rt.llm.listeners:
@@ -207,14 +212,17 @@ cdef list _notify(list due, Runtime rt):
     # Call the callbacks of every observer in ``due`` once with its instance's value. An
     # exception from a callback is collected and the rest still run; an interrupt
     # (KeyboardInterrupt, SystemExit) keeps the observers not yet served for the next pass.
+    # Returns the exceptions, or None when none raised.
     cdef Observer o
     cdef Py_ssize_t i
-    cdef list errors = []
+    cdef list errors = None
     for i in range(len(due)):
         o = <Observer>due[i]
         if not o.active or not (o.node.flags & F_HAS_VALUE) or o.seen_at == o.node.changed_at:
             continue
         o.seen_at = o.node.changed_at
+        if not o.callbacks:
+            continue       # (an observer without on_change: nothing to call)
         value = o.node.value
         try:
             for cb in list(o.callbacks):
@@ -222,6 +230,8 @@ cdef list _notify(list due, Runtime rt):
                     cb(value)
                 except Exception as e:
                     _add_note(e, f"incr: raised in an on_change callback of {o.node.label()}")
+                    if errors is None:
+                        errors = []
                     errors.append(e)
         except BaseException:
             o.seen_at = -1      # delivered again in full next time rather than lost

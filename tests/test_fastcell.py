@@ -268,3 +268,85 @@ def test_threads_with_their_own_runtimes_share_the_cells():
     assert errors == []
     for rt in rts:
         rt._check()
+
+
+def test_a_verification_interrupted_mid_scan_starts_its_next_scan_at_the_first_dependency():
+    # The walk keeps its place in an instance's dependencies in the instance (walk_at, no
+    # index list). An interrupt while a later dependency runs must not leave that place
+    # behind: the next scan starts at the first dependency again. Had it resumed at b, the
+    # change of a would be missed (b cuts off, c is clean) and top would keep 1 + 1.
+    rt = incr.Runtime()
+    xa, xb, xc = rt.input("xa", 1), rt.input("xb", 1), rt.input("xc", 0)
+    state = {"interrupt": False}
+    runs = {"top": 0, "b": 0}
+
+    @incr.cell
+    def a():
+        return xa.get()
+
+    @incr.cell
+    def b():
+        runs["b"] += 1
+        v = xb.get() >= 0
+        if state["interrupt"]:
+            raise KeyboardInterrupt
+        return v
+
+    @incr.cell
+    def c():
+        return xc.get()
+
+    @incr.cell
+    def top():
+        runs["top"] += 1
+        return a() + int(b()) + c()
+
+    with rt:
+        assert top() == 2
+        xb.set(5)                   # b stale, a clean: the walk pushes b (top at its 2nd dep)
+        state["interrupt"] = True
+        with pytest.raises(KeyboardInterrupt):
+            top()
+        rt._check()
+        state["interrupt"] = False
+        xa.set(100)
+        assert top() == 101         # a's change is seen: top ran again
+        assert runs["top"] == 2 and runs["b"] == 3
+        xb.set(6)                   # b cuts off, nothing else changed: top is reused
+        assert top() == 101
+        assert runs["top"] == 2 and runs["b"] == 4
+    rt._check()
+
+
+def test_the_pass_report_inside_and_outside_with_rt():
+    # The pass sets the active runtime only when rt is not active already, fills a compiled
+    # report and reads the clock in C: the report and incr.current() are as before, whether
+    # or not the pass runs inside `with rt:`.
+    rt = incr.Runtime()
+    x = rt.input("x", 1)
+    seen = []
+
+    @incr.cell
+    def o():
+        seen.append(incr.current())
+        return x.get() + 1
+
+    obs = rt.observe(o)
+    got = []
+    obs.on_change(got.append)
+    outside = incr.current()
+    r = rt.stabilize()            # not inside `with rt:`: the pass makes rt active
+    assert seen == [rt] and incr.current() is outside
+    assert r.recomputed == ["o()"] and r.reused == 0 and r.revision == rt.revision
+    assert isinstance(r.seconds, float) and r.seconds >= 0
+    with rt:
+        x.set(2)
+        r = rt.stabilize()        # inside: rt is active already
+        assert seen == [rt, rt] and incr.current() is rt
+    assert incr.current() is outside
+    assert got == [2, 3] and r.recomputed == ["o()"]
+    r.seconds = 1.5               # incr._aio sets it for an async stabilization
+    r._log[:0] = []
+    assert "seconds=1.500000" in repr(r)
+    r2 = rt.stabilize()           # nothing changed: no run, no callback
+    assert r2.recomputed == [] and got == [2, 3]
