@@ -68,6 +68,10 @@ cdef class Instance(Node):
     cdef readonly tuple args         # bound positional arguments, defaults applied: the
                                      # instance's own copy (never the caller's objects)
     cdef bint fresh_args             # args hold mutable parts: each run gets a fresh copy
+    cdef int walk_at                 # on a verification stack: the next of `deps` ensure()
+                                     # checks; 0 when on none (_core_verify.pxi). (An int
+                                     # beside fresh_args: it fills their 8-byte slot, so the
+                                     # instance is no bigger than without it)
     cdef tuple deps                  # nodes read on the last run, in read order
     cdef long long verified_at       # clock tick at which it was last known up to date
     cdef long long ran_rev           # public revision of its last run
@@ -75,8 +79,6 @@ cdef class Instance(Node):
     cdef list observed_by            # live Observers on it, or None
     cdef int last_action             # A_* below: what happened at its last verification
     cdef Persist persist             # its persistent identity (store only), or None
-    cdef Py_ssize_t walk_at          # on a verification stack: the next of `deps` ensure()
-                                     # checks; 0 when on none (_core_verify.pxi)
 
     cdef str label(self)
 

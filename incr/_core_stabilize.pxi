@@ -45,17 +45,17 @@ cdef object stabilize_pass(Runtime rt):
         for n in dict.fromkeys(rt.dirty_observed):  # once each, in the order queued
             if n.observed_by is not None:
                 todo.append(n)
-    rt.dirty_observed = []
+    _list_empty(rt.dirty_observed)       # (emptied in place: its item array is kept)
     if len(todo) > 1:
         todo.sort(key=_ts_key)
-    errors = []
+    cdef list errors = None      # (instance, exception) of those that raised (made when one does)
     log = []
     cdef long long reused0 = rt.n_reused
     # (inside `with rt:`, or a pass of rt.astabilize's, rt is active already: no new context)
     token = _active.set(rt) if get_value(_active) is not rt else None
     rt.stabilizing = True
     rt.report_log = log
-    if not rt.keep_failed:
+    if rt.failed and not rt.keep_failed:
         rt.failed.clear()
     cdef list suspended = None   # async work met by this pass (created when met)
     cdef int rejects = 0
@@ -73,7 +73,7 @@ cdef object stabilize_pass(Runtime rt):
                 if n.flags & F_AHEAD:
                     ahead = True        # its work runs ahead, from earlier in this pass
                 elif not (n.flags & F_HAS_VALUE) and n in rt.failed:
-                    errors.append((n, rt.failed[n]))  # failed earlier in this pass
+                    errors = _add_error(errors, n, rt.failed[n])  # failed earlier in this pass
                 elif _needs_work(n):
                     try:
                         ensure(rt, n)
@@ -84,7 +84,7 @@ cdef object stabilize_pass(Runtime rt):
                     except _Deferred:
                         ahead = True
                     except Exception as e:
-                        errors.append((n, e))
+                        errors = _add_error(errors, n, e)
             if lending is not None:
                 lend_close(rt, lending)
                 lending = None
@@ -104,7 +104,7 @@ cdef object stabilize_pass(Runtime rt):
                 # (replaying what they read)
                 rounds += 1
                 ahead_round(rt, rounds)
-                errors = []
+                errors = None
                 rt.failed.clear()
                 todo = [n for n in dict.fromkeys(todo + rt.dirty_observed)
                         if n.observed_by is not None]
@@ -114,14 +114,14 @@ cdef object stabilize_pass(Runtime rt):
             # an incr.Reject withdraws the candidate it blames (its dependents become
             # stale through the usual propagation); the pass then runs again
             again = False
-            for n, e in errors:
+            for n, e in errors if errors is not None else ():
                 if isinstance(e, Reject) and rejects < MAX_REJECTS and absorb_reject(rt, e):
                     rejects += 1
                     again = True
                     break
             if not again:
                 break
-            errors = []
+            errors = None
             rt.failed.clear()
             todo = [n for n in dict.fromkeys(todo + rt.dirty_observed)
                     if n.observed_by is not None]
@@ -202,6 +202,13 @@ cdef object stabilize_pass(Runtime rt):
     if cb_errors:
         raise _group(f"incr: {len(cb_errors)} on_change callback(s) raised", cb_errors)
     return report
+
+
+cdef inline list _add_error(list errors, Instance n, object e):
+    if errors is None:
+        errors = []
+    errors.append((n, e))
+    return errors
 
 
 def _ts_key(Instance n):

@@ -128,7 +128,7 @@ cdef object ensure(Runtime rt, Instance n):
                             raise _Suspend([_aio_mod().Wait(d)])   # another task runs it
                         if d.flags & (F_VERIFYING | F_RUNNING):
                             raise CycleError([m.label(), _node_label(d), m.label()])
-                        m.walk_at = i
+                        m.walk_at = <int>i
                         d.flags |= F_VERIFYING
                         stack.append(d)
                         pushed = True

@@ -270,51 +270,56 @@ def test_threads_with_their_own_runtimes_share_the_cells():
         rt._check()
 
 
-def test_a_verification_interrupted_mid_scan_starts_its_next_scan_at_the_first_dependency():
+def test_a_walk_stopped_mid_scan_starts_its_next_scan_at_the_first_dependency():
     # The walk keeps its place in an instance's dependencies in the instance (walk_at, no
-    # index list). An interrupt while a later dependency runs must not leave that place
-    # behind: the next scan starts at the first dependency again. Had it resumed at b, the
-    # change of a would be missed (b cuts off, c is clean) and top would keep 1 + 1.
+    # index list). A walk stopped by an exception (here a cycle it finds, which leaves p and
+    # q with their values, stale) must not leave that place behind: p's next scan starts at
+    # r, its first dependency. Had it resumed at q (where the cycle stopped it), q would cut
+    # off, and the change of x1 behind r would be missed: p would keep 1 + 7.
     rt = incr.Runtime()
-    xa, xb, xc = rt.input("xa", 1), rt.input("xb", 1), rt.input("xc", 0)
-    state = {"interrupt": False}
-    runs = {"top": 0, "b": 0}
-
-    @incr.cell
-    def a():
-        return xa.get()
-
-    @incr.cell
-    def b():
-        runs["b"] += 1
-        v = xb.get() >= 0
-        if state["interrupt"]:
-            raise KeyboardInterrupt
-        return v
-
-    @incr.cell
-    def c():
-        return xc.get()
+    mode, qf, x1, xq = rt.input("mode", 0), rt.input("qf", 1), rt.input("x1", 1), rt.input("xq", 1)
+    runs = {"p": 0, "q": 0}
 
     @incr.cell
     def top():
-        runs["top"] += 1
-        return a() + int(b()) + c()
+        if mode.get():
+            # (untracked: top records no edge to p. With the edge, the failed run's partial
+            # reads close the loop top -> p -> q -> top in the trace, and raise_ts never
+            # returns -- an open bug of its own, not this test's)
+            with incr.untracked():
+                return p()
+        return 1
+
+    @incr.cell
+    def q():
+        runs["q"] += 1
+        if qf.get():
+            top()               # q reads top: top -> p -> q -> top is a cycle once top reads p
+        return xq.get() * 0 + 7
+
+    @incr.cell
+    def r():
+        return x1.get()
+
+    @incr.cell
+    def p():
+        runs["p"] += 1
+        return r() + q()
 
     with rt:
-        assert top() == 2
-        xb.set(5)                   # b stale, a clean: the walk pushes b (top at its 2nd dep)
-        state["interrupt"] = True
-        with pytest.raises(KeyboardInterrupt):
+        assert top() == 1 and q() == 7 and p() == 8
+        mode.set(1)             # top reads p: p's walk pushes q (p at its 2nd dependency),
+        xq.set(2)               # q's walk meets top, running: a cycle, found by the walk
+        with pytest.raises(incr.CycleError):
             top()
         rt._check()
-        state["interrupt"] = False
-        xa.set(100)
-        assert top() == 101         # a's change is seen: top ran again
-        assert runs["top"] == 2 and runs["b"] == 3
-        xb.set(6)                   # b cuts off, nothing else changed: top is reused
-        assert top() == 101
-        assert runs["top"] == 2 and runs["b"] == 4
+        assert runs == {"p": 1, "q": 1}     # the walk ran nothing
+        qf.set(0)               # no cycle any more
+        x1.set(50)
+        assert p() == 57        # r is checked first: it changed, p runs
+        assert runs == {"p": 2, "q": 2}
+        xq.set(3)               # q cuts off, nothing else changed: p is reused
+        assert p() == 57 and runs == {"p": 2, "q": 3}
     rt._check()
 
 
