@@ -71,6 +71,10 @@ cdef class Instance(Node):
     cdef readonly tuple args         # bound positional arguments, defaults applied: the
                                      # instance's own copy (never the caller's objects)
     cdef bint fresh_args             # args hold mutable parts: each run gets a fresh copy
+    cdef int walk_at                 # on a verification stack: the next of `deps` ensure()
+                                     # checks; 0 when on none (_core_verify.pxi). (An int
+                                     # beside fresh_args: it fills their 8-byte slot, so the
+                                     # instance is no bigger than without it)
     cdef tuple deps                  # nodes read on the last run, in read order
     cdef long long verified_at       # clock tick at which it was last known up to date
     cdef long long ran_rev           # public revision of its last run
@@ -157,6 +161,17 @@ cdef enum CutoffKind:
     C_CALLABLE = 3
 
 
+cdef class Stabilization:
+    # The report of one stabilize pass (incr.Stabilization; fields public, as they were when it
+    # was a Python class: incr._aio prepends the runs of an async stabilization's earlier
+    # passes to _log and sets seconds)
+    cdef public list _log            # (instance, action) in run order
+    cdef public object _labels       # [(label, action)], built when first read, or None
+    cdef public long long reused     # count of instances verified without running
+    cdef public double seconds       # the pass's duration
+    cdef public long long revision   # rt.revision at its end
+
+
 cdef class Observer:
     cdef readonly Runtime runtime
     cdef Instance node
@@ -187,8 +202,8 @@ cdef class Runtime:
     cdef Frame free_frames           # frames of finished sync runs that nothing else holds,
                                      # linked through next_free, their reads empty (reused by
                                      # run(): no allocation per run)
-    cdef list spare_stack, spare_idx # the empty stack and index lists of the last ensure()
-                                     # that returned, or None (_core_verify.pxi)
+    cdef list spare_stack            # the empty stack of the last ensure() that returned, or
+                                     # None (_core_verify.pxi)
     cdef unsigned long owner         # the thread that pushed the outermost frame
     cdef list dirty_observed         # observed instances made dirty since the last stabilize
     cdef list unnotified             # Observers whose callbacks an interrupt kept from running
@@ -298,7 +313,7 @@ cdef void owe(Runtime rt, list todo)
 # _core_verify.pxi -- bring one instance up to date on an explicit stack (Salsa's
 # maybe_changed_after)
 cdef object ensure(Runtime rt, Instance n)
-cdef int attempt(Runtime rt, Instance m, list stack, list idx) except -1
+cdef int attempt(Runtime rt, Instance m, list stack) except -1
 cdef bint run_in_stack(Runtime rt, Instance m, bint bottom) except -1
 
 # _core_execute.pxi -- run an instance's function and record what it read
@@ -337,6 +352,7 @@ cdef void invalidate(Runtime rt, Instance n) except *
 
 # _core_stabilize.pxi -- one stabilization: observed instances in timestamp order, then callbacks
 cdef object stabilize_pass(Runtime rt)
+cdef Stabilization _report(list log, long long reused, double seconds, long long revision)  # (_core_nodes.pxi)
 
 # _core_schedule.pxi -- running ahead: work a pass sets aside and runs concurrently
 cdef void ahead_start(Runtime rt) except *
@@ -344,7 +360,7 @@ cdef bint ahead_open(Runtime rt) except -1
 cdef void ahead_round(Runtime rt, int rounds) except *
 cdef void ahead_wanted(Runtime rt) except *   # what stopped calls running ahead, first
 cdef void ahead_close(Runtime rt)
-cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1   # an executor
+cdef int ahead_ship(Runtime rt, Instance m, list stack) except -1   # an executor
 cdef object lend_pass(Runtime rt, list todo)       # a pass lends its ready observed instances
 cdef object lend_open(Runtime rt, list jobs, bint thunks)
 cdef void lend_close(Runtime rt, object lending) except *
@@ -356,7 +372,7 @@ cdef bint ahead_trigger(Runtime rt, Instance m, Node d) except -1
 cdef void gather_tag(Runtime rt, object frame, Py_ssize_t k0, object tag) except *
 
 # _core_store.pxi -- adopt a stored trace instead of running; record a run for the store
-cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1
+cdef int probe_step(Runtime rt, Instance m, list stack) except -1
 cdef int no_match(Runtime rt, Persist p)               # a lookup ends without a match
 cdef object index_node(Runtime rt, bytes key)          # an index node's value, or None
 cdef tuple _pass_iops(object store)                    # the pass's index cursor methods

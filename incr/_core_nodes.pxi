@@ -531,13 +531,13 @@ cdef class Frame:
     """A running computation (internal). Built in Runtime.run without __init__."""
 
 
-class Stabilization:
+cdef class Stabilization:
     """What one ``rt.stabilize()`` did: ``recomputed`` (labels of the instances that ran, in
     run order, cut off ones included), ``cutoff`` (those that ran to an equal value),
     ``loaded`` (taken from the store), ``reused`` (count verified without running),
     ``seconds`` and ``revision``. Labels are built when first read, not during the pass."""
 
-    __slots__ = ("_log", "_labels", "reused", "seconds", "revision")
+    # (a compiled class: the pass fills its fields without a Python call; _report())
 
     def __init__(self, log, reused, seconds, revision):
         self._log = log            # (instance, action) in run order
@@ -567,6 +567,16 @@ class Stabilization:
         return (f"Stabilization(revision={self.revision}, recomputed={self.recomputed!r}, "
                 f"cutoff={self.cutoff!r}, loaded={self.loaded!r}, reused={self.reused}, "
                 f"seconds={self.seconds:.6f})")
+
+
+cdef Stabilization _report(list log, long long reused, double seconds, long long revision):
+    # a pass's report, without the Python-level __init__ call
+    cdef Stabilization r = Stabilization.__new__(Stabilization)
+    r._log = log
+    r.reused = reused
+    r.seconds = seconds
+    r.revision = revision
+    return r
 
 
 cdef class Observer:

@@ -28,9 +28,10 @@ cdef inline bint ahead_possible(Runtime rt):
 cdef inline void ahead_clear(Runtime rt):
     # unmark every instance marked F_AHEAD (between rounds, and at the end)
     cdef Instance m
-    for m in rt.ahead_marked:
-        m.flags &= ~F_AHEAD
-    rt.ahead_marked = []
+    if rt.ahead_marked:     # (none marked, the usual pass: no new list)
+        for m in rt.ahead_marked:
+            m.flags &= ~F_AHEAD
+        rt.ahead_marked = []
     rt.ahead_blocked = None
 
 
@@ -39,7 +40,8 @@ cdef void ahead_start(Runtime rt) except *:
     if ahead_possible(rt):
         from incr import remote as _remote
         rt.prefetch = _remote.Ahead(rt)
-    rt.ahead_marked = []
+    if rt.ahead_marked:
+        rt.ahead_marked = []
 
 
 cdef bint ahead_open(Runtime rt) except -1:
@@ -107,7 +109,7 @@ cdef void ahead_close(Runtime rt):
     ahead_clear(rt)
 
 
-cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1:
+cdef int ahead_ship(Runtime rt, Instance m, list stack) except -1:
     # m must be (re)computed and an executor may run it (attempt checked: a pass or top-level
     # gather runs work ahead, rt.executor is set, the cell is not local). DONE: it runs ahead
     # (m is marked F_AHEAD); PUSHED: a dependency its new branch reads was pushed first;
@@ -132,8 +134,7 @@ cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1:
             break
         m.flags |= F_MUST_RUN             # back on top of the stack, m runs
         d.flags |= F_VERIFYING
-        stack.append(d)
-        idx.append(0)
+        stack.append(d)          # (its walk_at is 0: it is on no stack)
         return PUSHED
     r = rt.prefetch.ship(m)
     if r == 0:
@@ -144,7 +145,7 @@ cdef int ahead_ship(Runtime rt, Instance m, list stack, list idx) except -1:
         # it read something it was not given: that is among its extra dependencies
         # now (or m runs here), and the run is sent again once it is up to date
         rt.prefetch.missing_node(m)
-        return attempt(rt, m, stack, idx)
+        return attempt(rt, m, stack)
     if r == 1:
         rt.remote = m    # its run here takes the executor's result (attempt clears this)
     return NOMATCH

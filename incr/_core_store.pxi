@@ -14,7 +14,7 @@
 #   - an F_INVALID (withdrawn) instance is never taken from the store.
 
 
-cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1:
+cdef int probe_step(Runtime rt, Instance m, list stack) except -1:
     # Find m's stored trace that matches its current dependencies by walking the store's
     # index (incr/store.py): from the root node of m's instance key, each node names the
     # next dependency the traces through it read; that dependency is brought up to date
@@ -81,8 +81,7 @@ cdef int probe_step(Runtime rt, Instance m, list stack, list idx) except -1:
             if d.flags & (F_VERIFYING | F_RUNNING):
                 return no_match(rt, p)
             d.flags |= F_VERIFYING
-            stack.append(d)
-            idx.append(0)
+            stack.append(d)      # (its walk_at is 0: it is on no stack)
             return PUSHED
         if not (d.flags & F_HAS_VALUE) or not value_hash(rt, d):
             return no_match(rt, p)

@@ -13,7 +13,12 @@
 #     DEEP frames, dependencies first (no recursion proportional to depth);
 #   - on any exception, F_VERIFYING and F_MUST_RUN are cleared on everything on the stack and
 #     a lookup in progress is dropped (Persist.cands/resolved None): lookup state is empty
-#     outside a lookup, pass-only flags are clear outside a pass.
+#     outside a lookup, pass-only flags are clear outside a pass;
+#   - the walk's position in an instance's dependencies is the instance's own C field
+#     (walk_at, no boxed index list): it is 0 whenever the instance is on no verification
+#     stack (reset when it leaves one, normally or by an exception), so whoever pushes an
+#     instance (here, probe_step, ahead_ship) starts its scan at its first dependency. An
+#     instance is on at most one stack at a time (F_VERIFYING is checked before a push).
 
 
 cdef inline bint _needs_work(Node n):
@@ -48,7 +53,6 @@ cdef object ensure(Runtime rt, Instance n):
     # Bring n up to date. Recorded dependencies are walked with an explicit stack, so the
     # depth of the graph never becomes depth of the C or Python stack.
     cdef list stack = rt.spare_stack
-    cdef list idx = rt.spare_idx
     cdef Instance m
     cdef Node d
     cdef tuple deps
@@ -86,30 +90,27 @@ cdef object ensure(Runtime rt, Instance n):
                 raise _Deferred(n.label())
             return n.value
     if stack is not None:
-        # the lists of the last ensure that finished (empty): no allocation per demand. A
+        # the list of the last ensure that finished (empty): no allocation per demand. A
         # nested ensure finds the slot empty and makes its own.
         rt.spare_stack = None
-        rt.spare_idx = None
         stack.append(n)
-        idx.append(0)
     else:
         stack = [n]
-        idx = [0]
     n.flags |= F_VERIFYING
     try:
         while stack:
             m = <Instance>stack[len(stack) - 1]
             if m.persist is not None and m.persist.cands is not None:
                 # a store lookup in progress: a dependency it pushed is now up to date
-                if attempt(rt, m, stack, idx) == PUSHED:
+                if attempt(rt, m, stack) == PUSHED:
                     continue
             elif not _needs_work(m):
                 pass
             elif not (m.flags & F_HAS_VALUE):
-                if attempt(rt, m, stack, idx) == PUSHED:
+                if attempt(rt, m, stack) == PUSHED:
                     continue
             else:
-                i = <Py_ssize_t>idx[len(idx) - 1]
+                i = m.walk_at
                 deps = m.deps
                 nd = len(deps)
                 pushed = False
@@ -143,10 +144,9 @@ cdef object ensure(Runtime rt, Instance n):
                             raise CycleError([m.label(), _node_label(d), m.label()])
                         if rt.demand_ahead == 1:
                             ahead_trigger(rt, m, d)   # gathered: walk again, run-ahead open
-                        idx[len(idx) - 1] = i
+                        m.walk_at = <int>i
                         d.flags |= F_VERIFYING
                         stack.append(d)
-                        idx.append(0)
                         pushed = True
                         break
                     if not must_run and (not (d.flags & F_HAS_VALUE)
@@ -172,7 +172,7 @@ cdef object ensure(Runtime rt, Instance n):
                     rt.ahead_marked.append(m)   # waits: neither run nor verified now
                 elif must_run:
                     m.flags &= ~F_MUST_RUN
-                    if attempt(rt, m, stack, idx) == PUSHED:
+                    if attempt(rt, m, stack) == PUSHED:
                         continue
                 else:
                     m.flags &= ~F_DIRTY
@@ -180,37 +180,37 @@ cdef object ensure(Runtime rt, Instance n):
                     m.last_action = A_REUSED
                     rt.n_reused += 1
             m.flags &= ~F_VERIFYING
+            m.walk_at = 0
             list_pop_keep(stack)     # (list.pop would free the item array at 0)
-            list_pop_keep(idx)
     except BaseException:
         for m in stack:
             m.flags &= ~(F_VERIFYING | F_MUST_RUN)
+            m.walk_at = 0
             if m.persist is not None:
                 m.persist.cands = None
                 m.persist.resolved = None
-        raise      # (the lists are dropped: the next ensure makes new ones)
+        raise      # (the list is dropped: the next ensure makes a new one)
     rt.spare_stack = stack
-    rt.spare_idx = idx
     if n.flags & F_AHEAD:
         raise _Deferred(n.label())    # it waits: its old value is not the answer
     return n.value
 
 
-cdef int attempt(Runtime rt, Instance m, list stack, list idx) except -1:
+cdef int attempt(Runtime rt, Instance m, list stack) except -1:
     # m must be (re)computed: take it from the store if a stored trace of it matches the
     # current dependencies, else run it. Returns PUSHED when a dependency was pushed.
     cdef int r
     cdef int invalid = m.flags & F_INVALID
     cdef Node d
     if rt.store is not None and not (m.flags & F_INVALID):
-        r = probe_step(rt, m, stack, idx)
+        r = probe_step(rt, m, stack)
         if r != NOMATCH:
             return r
     if rt.lent is not None and m in rt.lent and lend_take(rt, m):
         pass   # a worker thread ran it: run() takes that run (_core_schedule.pxi)
     elif rt.prefetch is not None and rt.executor is not None and not m.cell.local \
             and (not rt.frames or rt.gathering):
-        r = ahead_ship(rt, m, stack, idx)   # an executor runs it (_core_schedule.pxi)
+        r = ahead_ship(rt, m, stack)   # an executor runs it (_core_schedule.pxi)
         if r != NOMATCH:
             return r
     tags = None
