@@ -32,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import os
+import signal
 import threading
 import time
 import weakref
@@ -75,21 +77,131 @@ def _own_loop():
 
 
 def drive(coro) -> Any:
-    """Run ``coro`` to completion on this thread's own event loop (sync code, no loop running)."""
+    """Run ``coro`` to completion on this thread's own event loop (sync code, no loop running).
+
+    Ctrl-C, as ``asyncio.Runner`` takes it: on the main thread, while Python's default SIGINT
+    handler is in place, a handler of incr's stands in for it. A Ctrl-C that lands in the
+    event loop's own code (between two steps: raising there would lose the step it was about
+    to take, and nothing would ever finish that task) cancels the main task instead; once it
+    has unwound, KeyboardInterrupt is raised (unless something else cancelled it too:
+    ``uncancel``). One that lands in a task's own step -- a cell's body, incr's pass -- raises
+    KeyboardInterrupt there, as the default handler does (the step ends with it: nothing of the
+    loop is lost, and a long sync computation stays interruptible). A second Ctrl-C raises at
+    once. Whatever ends the run early, every task it left is cancelled and waited for, but
+    only while something can still wake one of them (``_settle``)."""
     loop = _own_loop()
+    task = loop.create_task(coro)
+    sigint = _Sigint.install(loop, task)
     try:
-        return loop.run_until_complete(coro)
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if sigint is not None and sigint.count and task.done() and task.cancelled():
+                uncancel = getattr(task, "uncancel", None)
+                if uncancel is None or uncancel() == 0:
+                    raise KeyboardInterrupt() from None
+            raise
     except BaseException:
         # interrupted (Ctrl-C) or failed: no task of this call outlives it
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
+        try:
+            _settle(loop, [t for t in asyncio.all_tasks(loop) if not t.done()])
+        except BaseException:
+            pass          # (a second Ctrl-C while it unwinds: out at once)
+        raise
+    finally:
+        if sigint is not None:
+            sigint.restore()
+
+
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+
+
+class _Sigint:
+    """incr's SIGINT handler while ``drive`` runs the loop (asyncio.Runner's, refined)."""
+
+    __slots__ = ("loop", "task", "count", "handler")
+
+    @classmethod
+    def install(cls, loop, task):
+        # asyncio.Runner's rules: only on the main thread, only in place of the default handler
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return None
+        self = cls()
+        self.loop, self.task, self.count = loop, task, 0
+        self.handler = self.on_sigint
+        try:
+            signal.signal(signal.SIGINT, self.handler)
+        except ValueError:          # signals not available here (an embedded interpreter)
+            return None
+        return self
+
+    def on_sigint(self, signum, frame):
+        self.count += 1
+        if self.count == 1 and not self.task.done() and _in_loop_code(self.loop, frame):
+            self.task.cancel()
+            self.loop.call_soon_threadsafe(_nothing)   # wake a loop blocked in select()
+            return
+        raise KeyboardInterrupt()
+
+    def restore(self) -> None:
+        if signal.getsignal(signal.SIGINT) is self.handler:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _in_loop_code(loop, frame) -> bool:
+    """Whether the signal interrupted the event loop's machinery (asyncio's own code, or no
+    task's step at all) rather than code a task's step runs."""
+    if asyncio.current_task(loop) is None:
+        return True
+    return frame is None or frame.f_code.co_filename.startswith(_ASYNCIO_DIR)
+
+
+def _settle(loop, pending: list) -> None:
+    """Cancel ``pending`` (tasks a run left) and run the loop until they are done -- but only
+    while one of them may still be woken. A task whose step was lost (KeyboardInterrupt raised
+    inside the loop's own code) is never woken again, and waiting for it would hang: once the
+    loop has no callback ready and no timer due for a while, the tasks left are given up, each
+    coroutine closed (its ``finally`` blocks run: incr's bookkeeping is undone)."""
+    if not pending:
+        return
+    for t in pending:
+        t.cancel()
+    loop.run_until_complete(_settling(loop, pending))
+    for t in pending:
+        if not t.done():
+            t._log_destroy_pending = False
             try:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                t.get_coro().close()
             except BaseException:
                 pass
-        raise
+
+
+async def _settling(loop, pending: list, grace: float = 0.25) -> None:
+    quiet_since = None
+    left = pending
+    while True:
+        still = [t for t in left if not t.done()]
+        if not still:
+            return
+        ready = getattr(loop, "_ready", None)          # (a loop that does not tell:
+        timers = getattr(loop, "_scheduled", None)     # quiet unless a task finished)
+        busy = len(still) < len(left) or (
+            ready is not None and timers is not None
+            and (len(ready) > 0 or any(not h._cancelled for h in timers)))
+        left = still
+        now = time.monotonic()
+        if busy:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since > grace:
+            return
+        await asyncio.sleep(0 if quiet_since is None else 0.01)
 
 
 def drive_call(rt, coro, again, deadline=None) -> Any:

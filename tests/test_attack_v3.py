@@ -140,13 +140,6 @@ def test_ctrl_c_just_after_a_generation_is_recorded_is_not_an_oscillation():
     assert o.value == 20
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HANG: once any async cell is defined, rt.stabilize() runs on incr's own event loop via "
-    "loop.run_until_complete (incr/_aio.py drive). A Ctrl-C that lands as the loop is about "
-    "to step a task (base_events._run_once, `handle._run()`) loses that step; drive's "
-    "cleanup then waits forever for the cancelled task (only a second Ctrl-C gets out). "
-    "asyncio.run/asyncio.Runner avoid this by turning SIGINT into a cancellation of the main "
-    "task; drive should do the same (or bound its cleanup)."))
 def test_ctrl_c_inside_incrs_event_loop_does_not_hang_stabilize():
     rc, out = _subprocess("""
         import linecache, os, sys, threading
