@@ -119,7 +119,7 @@ _ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
 class _Sigint:
     """incr's SIGINT handler while ``drive`` runs the loop (asyncio.Runner's, refined)."""
 
-    __slots__ = ("loop", "task", "count", "handler")
+    __slots__ = ("loop", "task", "count", "handler", "wakeup")
 
     @classmethod
     def install(cls, loop, task):
@@ -128,12 +128,25 @@ class _Sigint:
                 signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             return None
         self = cls()
-        self.loop, self.task, self.count = loop, task, 0
+        self.loop, self.task, self.count, self.wakeup = loop, task, 0, False
         self.handler = self.on_sigint
         try:
             signal.signal(signal.SIGINT, self.handler)
         except ValueError:          # signals not available here (an embedded interpreter)
             return None
+        # a Ctrl-C that lands just before the loop blocks in select() would wait for the
+        # select's timeout (for good, with no timer): the signal's byte wakes it, as for
+        # asyncio's own signal handlers (unless the program has a wakeup fd of its own)
+        csock = getattr(loop, "_csock", None)
+        if csock is not None:
+            try:
+                old = signal.set_wakeup_fd(csock.fileno())
+            except (ValueError, OSError):
+                old = -1
+            else:
+                self.wakeup = old == -1
+                if not self.wakeup:
+                    signal.set_wakeup_fd(old)
         return self
 
     def on_sigint(self, signum, frame):
@@ -145,6 +158,11 @@ class _Sigint:
         raise KeyboardInterrupt()
 
     def restore(self) -> None:
+        if self.wakeup:
+            try:
+                signal.set_wakeup_fd(-1)
+            except (ValueError, OSError):
+                pass
         if signal.getsignal(signal.SIGINT) is self.handler:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -417,52 +435,98 @@ def run_sync(rt, n) -> bool:
     are ready usually finishes in it, with no event loop involved (the common case when a
     change is propagated). If it has to wait, it goes on with a stack of its own: as a task
     of the running loop (the caller unwinds to the nearest restart point, which waits for
-    it), or, in sync code, on this thread's loop."""
+    it), or, in sync code, on this thread's loop.
+
+    Interrupt-safe: whatever is raised (a Ctrl-C at any point) before the run is recorded,
+    failed, or handed on, its bookkeeping is undone (``_undo_first_step``): its frame off the
+    caller's stack, the run unwound (recording nothing), the coroutine closed, nothing left
+    in flight."""
     running = _get_running_loop()
-    if running is None:
-        # sync code: the step runs as if on this thread's own loop (what it creates -- a
-        # gather, a task, a future -- belongs to the loop that drive() then runs)
-        own = getattr(_tl, "loop", None)
-        _set_running_loop(own if own is not None and not own._closed else _own_loop())
-    f, had, invalid, start = rt._run_start(n)
-    frames = list(rt._frames())         # the caller's stack, then n's frame: n's own stack if
-    tf = _TASK_FRAMES                   # it goes on as a task, and where the tasks it
-    token = tf.set(frames)              # spawns in this step record their reads
+    stack = rt._frames()
+    f = coro = token = work = suspend = None
     try:
-        coro = rt._invoke(n)
-        y = coro.send(None)
-    except StopIteration as s:
-        rt._run_finish(n, f, had, s.value, start)
-        return True
-    except _Suspend as s:
-        # a sync step inside the body (a sync cell it called, say) unwound for async work
-        rt._run_failed(n, f, had, invalid, s)
-        if running is not None:
-            raise                       # async code: the nearest restart point does it
-        suspended = s
-    except BaseException as e:
-        rt._run_failed(n, f, had, invalid, e)
-        raise
-    else:
-        suspended = None
-    finally:
-        tf.reset(token)
         if running is None:
-            _set_running_loop(None)
-    if suspended is not None:
-        # sync code: nothing above waits for the work, so it is done here, on this thread's
-        # loop, and the body runs again (as a restart point would)
-        parent = tuple(rt._frames())
-        drive(_redo(rt, n, suspended.works, parent))
+            # sync code: the step runs as if on this thread's own loop (what it creates -- a
+            # gather, a task, a future -- belongs to the loop that drive() then runs)
+            own = getattr(_tl, "loop", None)
+            _set_running_loop(own if own is not None and not own._closed else _own_loop())
+        f, had, invalid, start = rt._run_start(n)
+        frames = list(stack)            # the caller's stack, then n's frame: n's own stack if
+        token = _TASK_FRAMES.set(frames)  # it goes on as a task, and where the tasks it
+        try:                              # spawns in this step record their reads
+            coro = rt._invoke(n)
+            y = coro.send(None)
+        except StopIteration as s:
+            rt._run_finish(n, f, had, s.value, start)
+            return True
+        except _Suspend as s:
+            # a sync step inside the body (a sync cell it called, say) unwound for async work
+            rt._run_failed(n, f, had, invalid, s)
+            if running is not None:
+                suspend = s
+                raise                   # async code: the nearest restart point does it
+            suspended = s
+        except BaseException as e:
+            if stack and stack[-1] is f:
+                rt._run_failed(n, f, had, invalid, e)
+            raise
+        else:
+            suspended = None
+        finally:
+            _TASK_FRAMES.reset(token)
+            token = None
+            if running is None:
+                _set_running_loop(None)
+        if suspended is not None:
+            # sync code: nothing above waits for the work, so it is done here, on this
+            # thread's loop, and the body runs again (as a restart point would)
+            parent = tuple(rt._frames())
+            drive(_redo(rt, n, suspended.works, parent))
+            return True
+        work = Resume(n, coro, y, frames, f, had, invalid, start)
+        stack.pop()                     # n's frame leaves the caller's stack
+        if loop_running():
+            rt.inflight[n] = None       # in flight: whatever else asks for it waits
+            rt.unwinding.append(work)   # until a restart point takes it (do_works)
+            suspend = _Suspend([work])
+            raise suspend
+        drive(work.go(rt))
         return True
-    rt._frames().pop()                  # n's frame leaves the caller's stack
-    work = Resume(n, coro, y, frames, f, had, invalid, start)
-    if loop_running():
-        rt.inflight[n] = None           # in flight: whatever else asks for it waits
-        rt.unwinding.append(work)       # until a restart point takes it (do_works)
-        raise _Suspend([work])
-    drive(work.go(rt))
-    return True
+    except BaseException as e:
+        if e is not suspend:
+            _undo_first_step(rt, n, stack, running, token, f, locals(), e)
+        raise
+
+
+def _undo_first_step(rt, n, stack, running, token, f, at, e) -> None:
+    """What ``run_sync`` did and did not hand on (to a restart point, or as recorded), undone:
+    it was interrupted by ``e``. ``at``: its locals (what it had got to)."""
+    if token is not None:
+        try:
+            _TASK_FRAMES.reset(token)
+        except (ValueError, RuntimeError):
+            pass
+    if running is None:
+        _set_running_loop(None)
+    if f is None:
+        return                          # nothing begun
+    work, coro = at.get("work"), at.get("coro")
+    if stack and stack[-1] is f:
+        # its frame is still on the caller's stack: the run is neither recorded nor failed
+        if work is None and coro is not None and getattr(coro, "cr_frame", None) is not None:
+            # the body is suspended in its first step (or never started): closed as a run
+            # that nobody will go on with is
+            work = Resume(n, coro, None, at["frames"], f, at["had"], at["invalid"], at["start"])
+            stack.pop()
+        elif work is not None:
+            stack.pop()
+        else:
+            rt._run_failed(n, f, at["had"], at["invalid"], e)
+            return
+    if work is not None:
+        if rt.unwinding:
+            rt.unwinding[:] = [w for w in rt.unwinding if w is not work]
+        work.drop(rt)
 
 
 async def _redo(rt, n, works: list, parent: tuple) -> None:
@@ -697,61 +761,69 @@ async def do_works(rt, works: list, chain: list) -> None:
     ``chain``: the instances of the waiting computation, innermost last (for cycles)."""
     loop = asyncio.get_running_loop()
     futs, keys, seen = [], [], set()
-    if rt.unwinding:
-        taken = {id(w) for w in works}
-        rt.unwinding[:] = [w for w in rt.unwinding if id(w) not in taken]
-    for w in works:
-        if w.key in seen:
-            continue
-        seen.add(w.key)
-        fut = rt.inflight.get(w.key)
-        if fut is None:
-            if isinstance(w, Resume) and w.settled:
-                continue             # taken and finished by another restart point
-            if isinstance(w, Call) and (w.skey in w.sink or rt._has(w.inst)):
-                # made for another waiter, which has not taken it yet (whichever step runs
-                # first takes it: single flight), or no longer needed: its node was
-                # brought up to date meanwhile, by another waiter's step
+    try:
+        if rt.unwinding:
+            taken = {id(w) for w in works}
+            rt.unwinding[:] = [w for w in rt.unwinding if id(w) not in taken]
+        for w in works:
+            if w.key in seen:
                 continue
-            if isinstance(w, Wait):
-                if w.key not in rt.inflight:
-                    continue         # it finished meanwhile: the step sees its result
-                # a run that unwound to a restart point not reached yet (a pass goes on
-                # to its next observed instance first): whoever needs it first goes on with it
-                w = _unwound(rt, w.key)
-            if isinstance(w, Wait):
-                raise IncrError(f"incr: {w.inst.label_text} is in flight with nobody to "
-                                f"finish it (an internal error; please report it)")
-            fut = loop.create_future()
-            task = None
-            rt.inflight[w.key] = fut
-            try:
-                ctx = contextvars.copy_context()
-                ctx.run(_core._active_var().set, rt)    # the task computes on rt
-                task = loop.create_task(_perform(rt, w, fut), context=ctx)
-                task.add_done_callback(functools.partial(_finished, rt, w, fut))
-                _work[fut] = [task, 0]
-            except BaseException:
-                # interrupted (Ctrl-C) before the work was fully registered: nobody would
-                # finish it, and its future would pin the key to this loop for good
-                if task is not None:
-                    task.cancel()
-                _finished(rt, w, fut)
-                raise
-        else:
-            if _performing.get(asyncio.current_task()) == w.key:
-                # the work waits for itself (a validator that reads its own node, say): a
-                # cycle, not a deadlock
-                label = getattr(w.inst, "label_text", str(w.key))
-                raise CycleError([label, label])
-            if fut.get_loop() is not loop:
-                raise IncrError(f"incr: {getattr(w.key, 'label_text', w.key)} is being "
-                                f"computed on another event loop; a runtime's async work runs "
-                                f"on one loop at a time (use one runtime per loop)")
-            if chain:
-                _check_cycle(rt, w.key, chain)
-        futs.append(fut)
-        keys.append(w.key)
+            seen.add(w.key)
+            fut = rt.inflight.get(w.key)
+            if fut is None:
+                if isinstance(w, Resume) and w.settled:
+                    continue             # taken and finished by another restart point
+                if isinstance(w, Call) and (w.skey in w.sink or rt._has(w.inst)):
+                    # made for another waiter, which has not taken it yet (whichever step runs
+                    # first takes it: single flight), or no longer needed: its node was
+                    # brought up to date meanwhile, by another waiter's step
+                    continue
+                if isinstance(w, Wait):
+                    if w.key not in rt.inflight:
+                        continue         # it finished meanwhile: the step sees its result
+                    # a run that unwound to a restart point not reached yet (a pass goes on
+                    # to its next observed instance first): whoever needs it first goes on with it
+                    w = _unwound(rt, w.key)
+                if isinstance(w, Wait):
+                    raise IncrError(f"incr: {w.inst.label_text} is in flight with nobody to "
+                                    f"finish it (an internal error; please report it)")
+                fut = loop.create_future()
+                task = None
+                rt.inflight[w.key] = fut
+                try:
+                    ctx = contextvars.copy_context()
+                    ctx.run(_core._active_var().set, rt)    # the task computes on rt
+                    task = loop.create_task(_perform(rt, w, fut), context=ctx)
+                    task.add_done_callback(functools.partial(_finished, rt, w, fut))
+                    _work[fut] = [task, 0]
+                    if rt.unwinding and isinstance(w, Resume):
+                        rt.unwinding[:] = [u for u in rt.unwinding if u is not w]
+                except BaseException:
+                    # interrupted (Ctrl-C) before the work was fully registered: nobody would
+                    # finish it, and its future would pin the key to this loop for good
+                    if task is not None:
+                        task.cancel()
+                    _finished(rt, w, fut)
+                    raise
+            else:
+                if _performing.get(asyncio.current_task()) == w.key:
+                    # the work waits for itself (a validator that reads its own node, say): a
+                    # cycle, not a deadlock
+                    label = getattr(w.inst, "label_text", str(w.key))
+                    raise CycleError([label, label])
+                if fut.get_loop() is not loop:
+                    raise IncrError(f"incr: {getattr(w.key, 'label_text', w.key)} is being "
+                                    f"computed on another event loop; a runtime's async work runs "
+                                    f"on one loop at a time (use one runtime per loop)")
+                if chain:
+                    _check_cycle(rt, w.key, chain)
+            futs.append(fut)
+            keys.append(w.key)
+    except BaseException:
+        # interrupted (Ctrl-C) while taking the work on: a started run it took from the
+        # unwinding and did not register is closed, recording nothing (nobody else has it)
+        _unregistered(rt, works)
+        raise
     if not futs:
         return
     me = chain[-1] if chain else None
@@ -788,12 +860,25 @@ async def do_works(rt, works: list, chain: list) -> None:
             await asyncio.wait(orphans)
 
 
+def _unregistered(rt, works) -> None:
+    """``do_works`` was interrupted: each started run it was to take on (one of ``works``, or
+    the unwound run of one's key) that is still marked in flight with no future is closed,
+    recording nothing."""
+    keys = {id(w.key) for w in works}
+    runs = [w for w in works if isinstance(w, Resume)]
+    runs += [u for u in rt.unwinding if isinstance(u, Resume) and id(u.key) in keys]
+    if rt.unwinding:
+        rt.unwinding[:] = [u for u in rt.unwinding if not any(u is w for w in runs)]
+    for w in runs:
+        if not w.settled and rt.inflight.get(w.key, 0) is None:
+            w.drop(rt)
+
+
 def _unwound(rt, key):
-    """The started run of ``key`` waiting in ``rt.unwinding`` for a restart point, taken out
-    of it (a Wait for ``key`` if there is none)."""
-    for i, u in enumerate(rt.unwinding):
-        if isinstance(u, Resume) and u.key is key:
-            del rt.unwinding[i]
+    """The started run of ``key`` waiting in ``rt.unwinding`` for a restart point (a Wait for
+    ``key`` if there is none); ``do_works`` takes it out once it has registered it."""
+    for u in rt.unwinding:
+        if isinstance(u, Resume) and u.key is key and not u.settled:
             return u
     return Wait(key)
 

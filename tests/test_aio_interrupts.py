@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 _PRELUDE = """
-    import asyncio, os, signal, sys, threading
+    import asyncio, os, signal, sys, threading, time
     import incr
 
     def watchdog(done, what):
@@ -37,10 +37,18 @@ _PRELUDE = """
             print("HANG:", what, flush=True)
             os._exit(3)
 
-    def ctrl_c_when(event):
+    MAIN = threading.main_thread().ident
+
+    def ctrl_c_when(event, where="select"):
+        # SIGINT to the main thread, as a terminal's Ctrl-C reaches it (os.kill from this
+        # thread could be taken by this thread, leaving the main one asleep in select()),
+        # once ``event`` is set and the main thread runs the function named ``where`` (the
+        # loop waiting in select(), or a cell's body)
         def send():
             event.wait(20)
-            os.kill(os.getpid(), signal.SIGINT)
+            while sys._current_frames()[MAIN].f_code.co_name != where:
+                time.sleep(0.001)
+            signal.pthread_kill(MAIN, signal.SIGINT)
         threading.Thread(target=send, daemon=True).start()
 """
 
@@ -129,7 +137,7 @@ def test_a_real_ctrl_c_in_a_long_sync_cell_interrupts_it_at_once():
         x.set(2)
         done = threading.Event()
         threading.Thread(target=watchdog, args=(done, "spin"), daemon=True).start()
-        ctrl_c_when(busy)
+        ctrl_c_when(busy, "spin")
         try:
             rt.stabilize()
         except KeyboardInterrupt:
@@ -208,6 +216,7 @@ def test_incrs_sigint_handler_is_in_place_only_while_its_loop_runs_on_the_main_t
     inside = _handler_seen_by_a_cell()
     assert inside is not signal.default_int_handler and callable(inside)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # put back
+    assert signal.set_wakeup_fd(-1) == -1          # (the loop's wakeup fd taken back too)
 
     box = []
     t = threading.Thread(target=lambda: box.append(_handler_seen_by_a_cell()))

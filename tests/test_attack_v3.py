@@ -917,16 +917,8 @@ def _ctrl_c_at_line_starting(fn_name, text):
     return tracer, fired
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "RUNTIME BROKEN FOR GOOD after one Ctrl-C (and a false CycleError): incr/_aio.py run_sync "
-    "is not interrupt-safe. Between rt._run_start(n) and its try, the instance's frame stays "
-    "on the stack (every later Input.set: 'ReentrancyError ... from inside the running cell "
-    "leaf()'); between the frame's pop and Resume/do_works taking the run, the instance stays "
-    "running (later: 'CycleError: mid() -> leaf() -> mid()'); after rt.inflight[n] = None, "
-    "'leaf() is in flight with nobody to finish it (an internal error)'. Put the whole of "
-    "run_sync's bookkeeping (and do_works' registration) under one try that undoes it."))
 @pytest.mark.parametrize("fn_name,line", [
-    ("run_sync", "frames = list(rt._frames())"),
+    ("run_sync", "frames = list(stack)"),
     ("__init__", "self.inst, self.coro, self.y, self.frames = inst, coro, y, frames"),
     ("do_works", "fut = loop.create_future()"),
 ])
