@@ -366,19 +366,26 @@ class _Stepper:
                 value, exc = None, e
         tf = _core._task_frames_var()
         while True:
-            saved = rt._frames_swap(self.frames)
-            saved_q = rt._quiet_swap(self.quiet)
-            token = tf.set(self.frames)     # tasks it spawns in this step read into its frame
+            # (interrupt-safe: the running stack is put back whatever a Ctrl-C interrupts --
+            # saved before it is swapped, each restore in the finally of the one before)
+            saved = rt._frames()
             try:
-                if exc is None:
-                    y = coro.send(value)
-                else:
-                    y = coro.throw(exc)
+                rt._frames_swap(self.frames)
+                saved_q = rt._quiet_swap(self.quiet)
+                try:
+                    token = tf.set(self.frames)   # tasks it spawns in this step read into its frame
+                    try:
+                        if exc is None:
+                            y = coro.send(value)
+                        else:
+                            y = coro.throw(exc)
+                    finally:
+                        tf.reset(token)
+                finally:
+                    self.quiet = rt._quiet_swap(saved_q)
             except StopIteration as s:
                 return s.value
             finally:
-                tf.reset(token)
-                self.quiet = rt._quiet_swap(saved_q)
                 rt._frames_swap(saved)
             try:
                 value, exc = (yield y), None
@@ -388,8 +395,9 @@ class _Stepper:
 
 def _on(rt, frames: list, fn, *args) -> Any:
     """Call ``fn(*args)`` with ``frames`` as the running stack (a task's own)."""
-    saved = rt._frames_swap(frames)
+    saved = rt._frames()
     try:
+        rt._frames_swap(frames)
         return fn(*args)
     finally:
         rt._frames_swap(saved)
@@ -424,7 +432,12 @@ async def arun(rt, n, parent: tuple) -> None:
         except BaseException as e:
             _on(rt, frames, rt._run_failed, n, f, had, invalid, e)
             raise
-        _on(rt, frames, rt._run_finish, n, f, had, value, start)
+        try:
+            _on(rt, frames, rt._run_finish, n, f, had, value, start)
+        except BaseException:
+            if frames and frames[-1] is f:    # interrupted before it was recorded: unwound
+                _on(rt, frames, rt._run_failed, n, f, had, invalid, asyncio.CancelledError())
+            raise
         return
 
 
@@ -443,6 +456,7 @@ def run_sync(rt, n) -> bool:
     in flight."""
     running = _get_running_loop()
     stack = rt._frames()
+    depth = len(stack)
     f = coro = token = work = suspend = None
     try:
         if running is None:
@@ -494,13 +508,14 @@ def run_sync(rt, n) -> bool:
         return True
     except BaseException as e:
         if e is not suspend:
-            _undo_first_step(rt, n, stack, running, token, f, locals(), e)
+            _undo_first_step(rt, n, stack, depth, running, token, f, locals())
         raise
 
 
-def _undo_first_step(rt, n, stack, running, token, f, at, e) -> None:
-    """What ``run_sync`` did and did not hand on (to a restart point, or as recorded), undone:
-    it was interrupted by ``e``. ``at``: its locals (what it had got to)."""
+def _undo_first_step(rt, n, stack, depth, running, token, f, at) -> None:
+    """What ``run_sync`` did and did not hand on (to a restart point, or as recorded), undone
+    after an interrupt, as an unwinding is: nothing recorded. ``at``: its locals (what it had
+    got to)."""
     if token is not None:
         try:
             _TASK_FRAMES.reset(token)
@@ -509,7 +524,11 @@ def _undo_first_step(rt, n, stack, running, token, f, at, e) -> None:
     if running is None:
         _set_running_loop(None)
     if f is None:
-        return                          # nothing begun
+        if len(stack) == depth + 1 and rt._frame_info(stack[-1])[0] is n:
+            f = stack[-1]               # interrupted as rt._run_start returned
+            at = {"had": False, "invalid": 0}
+        else:
+            return                      # nothing begun
     work, coro = at.get("work"), at.get("coro")
     if stack and stack[-1] is f:
         # its frame is still on the caller's stack: the run is neither recorded nor failed
@@ -521,7 +540,7 @@ def _undo_first_step(rt, n, stack, running, token, f, at, e) -> None:
         elif work is not None:
             stack.pop()
         else:
-            rt._run_failed(n, f, at["had"], at["invalid"], e)
+            rt._run_failed(n, f, at["had"], at["invalid"], asyncio.CancelledError())
             return
     if work is not None:
         if rt.unwinding:
@@ -560,8 +579,13 @@ class Resume:
         except BaseException as e:
             self._failed(rt, e)
             raise
+        try:
+            _on(rt, self.frames, rt._run_finish, n, self.f, self.had, value, self.start)
+        except BaseException:
+            if self._open():                # interrupted before it was recorded: unwound
+                self._failed(rt, asyncio.CancelledError())
+            raise
         self.settled = True
-        _on(rt, self.frames, rt._run_finish, n, self.f, self.had, value, self.start)
 
     async def do(self, rt) -> None:
         try:
@@ -570,13 +594,19 @@ class Resume:
             pass     # recorded in the trace: the waiters' steps meet it where they read it
 
     def _failed(self, rt, e) -> None:
+        if self._open():
+            _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid, e)
         self.settled = True
-        _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid, e)
+
+    def _open(self) -> bool:
+        """Its run is neither recorded nor failed: its frame is still on top of its stack."""
+        return bool(self.frames) and self.frames[-1] is self.f
 
     def drop(self, rt) -> None:
         """Nobody will wait for it (the unwinding reached no restart point): close the
         coroutine, record nothing."""
-        if self.settled:
+        if self.settled or not self._open():
+            self.settled = True
             return
         if rt.inflight.get(self.inst, 0) is None:
             del rt.inflight[self.inst]
@@ -670,9 +700,10 @@ async def _ademand(rt, n, parent: tuple) -> Any:
                     chain = [rt._frame_info(f)[0] for f in parent]
                 await do_works(rt, works, chain)
             frames = list(parent)
-            saved = rt._frames_swap(frames)
+            saved = rt._frames()
             rt.catching += 1
             try:
+                rt._frames_swap(frames)
                 return rt._demand_top(n) if top else rt._demand(n)
             except _Suspend as s:
                 works = s.works
@@ -694,9 +725,21 @@ def _op_enter(rt) -> None:
 
 
 def _op_exit(rt) -> None:
-    _op_ended()
-    rt._keep_failed(-1)
-    rt._leave()
+    """The operation ends (returned, failed or interrupted): a started run still waiting in
+    ``rt.unwinding`` for a restart point is one an interrupt kept from reaching it (raised
+    while its ``_Suspend`` unwound): nobody will go on with it, so it is closed, recording
+    nothing. Every step is taken whatever the one before raised."""
+    try:
+        if rt.unwinding:
+            abandon(rt, list(rt.unwinding))
+    finally:
+        try:
+            _op_ended()
+        finally:
+            try:
+                rt._keep_failed(-1)
+            finally:
+                rt._leave()
 
 
 async def gather_top(rt, thunks):
