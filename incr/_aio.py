@@ -509,6 +509,11 @@ def run_sync(rt, n) -> bool:
     except BaseException as e:
         if e is not suspend:
             _undo_first_step(rt, n, stack, depth, running, token, f, locals())
+            if running is None and rt.unwinding:
+                # sync code: the loop this call drove is done, so a run its tasks left
+                # waiting for a restart point (an interrupt raised while its _Suspend
+                # unwound) has nobody to go on with it
+                abandon(rt, list(rt.unwinding))
         raise
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import traceback
 
 import pytest
 
@@ -333,9 +334,21 @@ def _signal_points(code) -> frozenset:
     pts = _POINTS.get(code)
     if pts is None:
         ins = list(dis.get_instructions(code))
+        table = dis._parse_exception_table(code)
+
+        def handler(offset):
+            for e in table:
+                if e.start <= offset < e.end:
+                    return e.target
+            return None
+
         found = set()
         for i, x in enumerate(ins):
-            if x.opname == "CALL" and i + 1 < len(ins):
+            # (a KeyboardInterrupt raised after a call belongs to the call's instruction: the
+            # one after it stands in for it where the same handler covers both -- where it does
+            # not, a return's NOP say, the point cannot be reproduced and is left out)
+            if x.opname == "CALL" and i + 1 < len(ins) and \
+                    handler(ins[i + 1].offset) == handler(x.offset):
                 found.add(ins[i + 1].offset)
             elif x.opname == "JUMP_BACKWARD" or (x.opname == "RESUME" and x.arg == 1):
                 found.add(x.offset)
@@ -348,6 +361,7 @@ def _line_tracer(at):
     each function's start) as they are reached; raises KeyboardInterrupt at the ``at``-th (once;
     at=0: never). ``state``: [points seen, where it fired]."""
     state = [0, False]
+    starting = set()
 
     def hit(frame):
         state[0] += 1
@@ -363,8 +377,12 @@ def _line_tracer(at):
         if not state[1]:
             if event == "call":
                 if frame.f_lasti <= 0:
-                    hit(frame)
-            elif event == "opcode" and frame.f_lasti in _signal_points(frame.f_code):
+                    starting.add(frame)     # (raised at its first instruction: raising at
+                                            # the call event itself upsets CPython's count
+                                            # of the C stack's depth)
+            elif event == "opcode" and (frame in starting
+                                        or frame.f_lasti in _signal_points(frame.f_code)):
+                starting.discard(frame)
                 hit(frame)
         return tracer
 
@@ -419,10 +437,6 @@ def _one_point(mode, at, want):
     return state[0], interrupted
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: a Ctrl-C right after _ademand swaps in its stack (before _demand starts) leaves a "
-    "frame on the stack; under a top-level sync demand, one in _ademand's wait for leaf(3) "
-    "(a gathered async cell) leaves it marked running"))
 @pytest.mark.parametrize("mode", ["stabilize", "astabilize", "demand"])
 def test_a_ctrl_c_at_any_line_of_incrs_async_machinery_leaves_the_runtime_usable(mode):
     want = _from_scratch(2, 5)
@@ -432,6 +446,9 @@ def test_a_ctrl_c_at_any_line_of_incrs_async_machinery_leaves_the_runtime_usable
     for at in range(1, total + 1):
         try:
             _one_point(mode, at, want)
-        except Exception as e:      # (every finding, not only the first)
+        except BaseException as e:  # (every finding, not only the first)
+            if not isinstance(e, Exception):
+                e = AssertionError(f"{mode}, point {at}: {e!r} raised again after the "
+                                   f"interrupt: {''.join(traceback.format_exception(e))[-900:]}")
             found.append(str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:3]))
     assert not found, f"{len(found)} of {total} points:\n" + "\n".join(found[:60])
