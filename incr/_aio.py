@@ -462,7 +462,8 @@ def run_sync(rt, n) -> bool:
     running = _get_running_loop()
     stack = rt._frames()
     depth = len(stack)
-    f = coro = token = work = suspend = None
+    f = coro = token = work = None
+    handing = False                     # raising the _Suspend that hands the run on
     try:
         if running is None:
             # sync code: the step runs as if on this thread's own loop (what it creates -- a
@@ -482,7 +483,7 @@ def run_sync(rt, n) -> bool:
             # a sync step inside the body (a sync cell it called, say) unwound for async work
             rt._run_failed(n, f, had, invalid, s)
             if running is not None:
-                suspend = s
+                handing = True
                 raise                   # async code: the nearest restart point does it
             suspended = s
         except BaseException as e:
@@ -507,12 +508,12 @@ def run_sync(rt, n) -> bool:
         if loop_running():
             rt.inflight[n] = None       # in flight: whatever else asks for it waits
             rt.unwinding.append(work)   # until a restart point takes it (do_works)
-            suspend = _Suspend([work])
-            raise suspend
+            handing = True              # (a flag, not the exception: held in a local, it
+            raise _Suspend([work])      # would make a cycle through its traceback)
         drive(work.go(rt))
         return True
     except BaseException as e:
-        if e is not suspend:
+        if not handing:
             _undo_first_step(rt, n, stack, depth, running, token, f, locals())
             if running is None and rt.unwinding:
                 # sync code: the loop this call drove is done, so a run its tasks left
