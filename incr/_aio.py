@@ -32,10 +32,16 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import os
 import threading
 import time
 import weakref
 from typing import Any
+
+try:
+    import _signal    # the C functions (signal.signal's enum wrapping costs ~20 us a drive)
+except ImportError:   # pragma: no cover - not CPython
+    import signal as _signal
 
 from incr import _core
 from incr.errors import CycleError, IncrError, _OutOfTime, _Suspend
@@ -76,21 +82,150 @@ def _own_loop():
 
 
 def drive(coro) -> Any:
-    """Run ``coro`` to completion on this thread's own event loop (sync code, no loop running)."""
+    """Run ``coro`` to completion on this thread's own event loop (sync code, no loop running).
+
+    Ctrl-C, as ``asyncio.Runner`` takes it: on the main thread, while Python's default SIGINT
+    handler is in place, a handler of incr's stands in for it. A Ctrl-C that lands in the
+    event loop's own code (between two steps: raising there would lose the step it was about
+    to take, and nothing would ever finish that task) cancels the main task instead; once it
+    has unwound, KeyboardInterrupt is raised (unless something else cancelled it too:
+    ``uncancel``). One that lands in a task's own step -- a cell's body, incr's pass -- raises
+    KeyboardInterrupt there, as the default handler does (the step ends with it: nothing of the
+    loop is lost, and a long sync computation stays interruptible). A second Ctrl-C raises at
+    once. Whatever ends the run early, every task it left is cancelled and waited for, but
+    only while something can still wake one of them (``_settle``)."""
     loop = _own_loop()
+    task = loop.create_task(coro)
+    sigint = _Sigint.install(loop, task)
     try:
-        return loop.run_until_complete(coro)
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if sigint is not None and sigint.count and task.done() and task.cancelled():
+                uncancel = getattr(task, "uncancel", None)
+                if uncancel is None or uncancel() == 0:
+                    raise KeyboardInterrupt() from None
+            raise
     except BaseException:
         # interrupted (Ctrl-C) or failed: no task of this call outlives it
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
+        try:
+            _settle(loop, [t for t in asyncio.all_tasks(loop) if not t.done()])
+        except BaseException:
+            pass          # (a second Ctrl-C while it unwinds: out at once)
+        raise
+    finally:
+        if sigint is not None:
+            sigint.restore()
+
+
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+_SIGINT = int(_signal.SIGINT)
+
+
+class _Sigint:
+    """incr's SIGINT handler while ``drive`` runs the loop (asyncio.Runner's, refined)."""
+
+    __slots__ = ("loop", "task", "count", "handler", "wakeup")
+
+    @classmethod
+    def install(cls, loop, task):
+        # asyncio.Runner's rules: only on the main thread, only in place of the default handler
+        if threading.get_ident() != threading.main_thread().ident or \
+                _signal.getsignal(_SIGINT) is not _signal.default_int_handler:
+            return None
+        self = cls()
+        self.loop, self.task, self.count, self.wakeup = loop, task, 0, False
+        self.handler = self.on_sigint
+        try:
+            _signal.signal(_SIGINT, self.handler)
+        except ValueError:          # signals not available here (an embedded interpreter)
+            return None
+        # a Ctrl-C that lands just before the loop blocks in select() would wait for the
+        # select's timeout (for good, with no timer): the signal's byte wakes it, as for
+        # asyncio's own signal handlers (unless the program has a wakeup fd of its own)
+        csock = getattr(loop, "_csock", None)
+        if csock is not None:
             try:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                old = _signal.set_wakeup_fd(csock.fileno())
+            except (ValueError, OSError):
+                old = -1
+            else:
+                self.wakeup = old == -1
+                if not self.wakeup:
+                    _signal.set_wakeup_fd(old)
+        return self
+
+    def on_sigint(self, signum, frame):
+        self.count += 1
+        if self.count == 1 and not self.task.done() and _in_loop_code(self.loop, frame):
+            self.task.cancel()
+            self.loop.call_soon_threadsafe(_nothing)   # wake a loop blocked in select()
+            return
+        raise KeyboardInterrupt()
+
+    def restore(self) -> None:
+        if self.wakeup:
+            try:
+                _signal.set_wakeup_fd(-1)
+            except (ValueError, OSError):
+                pass
+        if _signal.getsignal(_SIGINT) is self.handler:
+            _signal.signal(_SIGINT, _signal.default_int_handler)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _in_loop_code(loop, frame) -> bool:
+    """Whether the signal interrupted the event loop's machinery (asyncio's own code, or no
+    task's step at all) rather than code a task's step runs."""
+    if asyncio.current_task(loop) is None:
+        return True
+    return frame is None or frame.f_code.co_filename.startswith(_ASYNCIO_DIR)
+
+
+def _settle(loop, pending: list) -> None:
+    """Cancel ``pending`` (tasks a run left) and run the loop until they are done -- but only
+    while one of them may still be woken. A task whose step was lost (KeyboardInterrupt raised
+    inside the loop's own code) is never woken again, and waiting for it would hang: once the
+    loop has no callback ready and no timer due for a while, the tasks left are given up, each
+    coroutine closed (its ``finally`` blocks run: incr's bookkeeping is undone)."""
+    if not pending:
+        return
+    for t in pending:
+        t.cancel()
+    loop.run_until_complete(_settling(loop, pending))
+    for t in pending:
+        if not t.done():
+            t._log_destroy_pending = False
+            try:
+                t.get_coro().close()
             except BaseException:
                 pass
-        raise
+
+
+async def _settling(loop, pending: list, grace: float = 0.25) -> None:
+    quiet_since = None
+    left = pending
+    while True:
+        still = [t for t in left if not t.done()]
+        if not still:
+            return
+        ready = getattr(loop, "_ready", None)          # (a loop that does not tell:
+        timers = getattr(loop, "_scheduled", None)     # quiet unless a task finished)
+        busy = len(still) < len(left) or (
+            ready is not None and timers is not None
+            and (len(ready) > 0 or any(not h._cancelled for h in timers)))
+        left = still
+        now = time.monotonic()
+        if busy:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since > grace:
+            return
+        await asyncio.sleep(0 if quiet_since is None else 0.01)
 
 
 def drive_call(rt, coro, again, deadline=None) -> Any:
@@ -237,19 +372,26 @@ class _Stepper:
                 value, exc = None, e
         tf = _core._task_frames_var()
         while True:
-            saved = rt._frames_swap(self.frames)
-            saved_q = rt._quiet_swap(self.quiet)
-            token = tf.set(self.frames)     # tasks it spawns in this step read into its frame
+            # (interrupt-safe: the running stack is put back whatever a Ctrl-C interrupts --
+            # saved before it is swapped, each restore in the finally of the one before)
+            saved = rt._frames()
             try:
-                if exc is None:
-                    y = coro.send(value)
-                else:
-                    y = coro.throw(exc)
+                rt._frames_swap(self.frames)
+                saved_q = rt._quiet_swap(self.quiet)
+                try:
+                    token = tf.set(self.frames)   # tasks it spawns in this step read into its frame
+                    try:
+                        if exc is None:
+                            y = coro.send(value)
+                        else:
+                            y = coro.throw(exc)
+                    finally:
+                        tf.reset(token)
+                finally:
+                    self.quiet = rt._quiet_swap(saved_q)
             except StopIteration as s:
                 return s.value
             finally:
-                tf.reset(token)
-                self.quiet = rt._quiet_swap(saved_q)
                 rt._frames_swap(saved)
             try:
                 value, exc = (yield y), None
@@ -259,8 +401,9 @@ class _Stepper:
 
 def _on(rt, frames: list, fn, *args) -> Any:
     """Call ``fn(*args)`` with ``frames`` as the running stack (a task's own)."""
-    saved = rt._frames_swap(frames)
+    saved = rt._frames()
     try:
+        rt._frames_swap(frames)
         return fn(*args)
     finally:
         rt._frames_swap(saved)
@@ -295,7 +438,12 @@ async def arun(rt, n, parent: tuple) -> None:
         except BaseException as e:
             _on(rt, frames, rt._run_failed, n, f, had, invalid, e)
             raise
-        _on(rt, frames, rt._run_finish, n, f, had, value, start)
+        try:
+            _on(rt, frames, rt._run_finish, n, f, had, value, start)
+        except BaseException:
+            if frames and frames[-1] is f:    # interrupted before it was recorded: unwound
+                _on(rt, frames, rt._run_failed, n, f, had, invalid, asyncio.CancelledError())
+            raise
         return
 
 
@@ -381,8 +529,13 @@ class Resume:
         except BaseException as e:
             self._failed(rt, e)
             raise
+        try:
+            _on(rt, self.frames, rt._run_finish, n, self.f, self.had, value, self.start)
+        except BaseException:
+            if self._open():                # interrupted before it was recorded: unwound
+                self._failed(rt, asyncio.CancelledError())
+            raise
         self.settled = True
-        _on(rt, self.frames, rt._run_finish, n, self.f, self.had, value, self.start)
 
     async def do(self, rt) -> None:
         try:
@@ -391,13 +544,19 @@ class Resume:
             pass     # recorded in the trace: the waiters' steps meet it where they read it
 
     def _failed(self, rt, e) -> None:
+        if self._open():
+            _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid, e)
         self.settled = True
-        _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid, e)
+
+    def _open(self) -> bool:
+        """Its run is neither recorded nor failed: its frame is still on top of its stack."""
+        return bool(self.frames) and self.frames[-1] is self.f
 
     def drop(self, rt) -> None:
         """Nobody will wait for it (the unwinding reached no restart point): close the
         coroutine, record nothing."""
-        if self.settled:
+        if self.settled or not self._open():
+            self.settled = True
             return
         if rt.inflight.get(self.inst, 0) is None:
             del rt.inflight[self.inst]
@@ -492,9 +651,10 @@ async def _ademand(rt, n, parent: tuple, works=None) -> Any:
                     chain = [rt._frame_info(f)[0] for f in parent]
                 await do_works(rt, works, chain)
             frames = list(parent)
-            saved = rt._frames_swap(frames)
+            saved = rt._frames()
             rt.catching += 1
             try:
+                rt._frames_swap(frames)
                 return rt._demand_top(n) if top else rt._demand(n)
             except _Suspend as s:
                 works = s.works
@@ -516,9 +676,21 @@ def _op_enter(rt) -> None:
 
 
 def _op_exit(rt) -> None:
-    _op_ended()
-    rt._keep_failed(-1)
-    rt._leave()
+    """The operation ends (returned, failed or interrupted): a started run still waiting in
+    ``rt.unwinding`` for a restart point is one an interrupt kept from reaching it (raised
+    while its ``_Suspend`` unwound): nobody will go on with it, so it is closed, recording
+    nothing. Every step is taken whatever the one before raised."""
+    try:
+        if rt.unwinding:
+            abandon(rt, list(rt.unwinding))
+    finally:
+        try:
+            _op_ended()
+        finally:
+            try:
+                rt._keep_failed(-1)
+            finally:
+                rt._leave()
 
 
 async def gather_top(rt, thunks):
@@ -583,61 +755,69 @@ async def do_works(rt, works: list, chain: list) -> None:
     ``chain``: the instances of the waiting computation, innermost last (for cycles)."""
     loop = asyncio.get_running_loop()
     futs, keys, seen = [], [], set()
-    if rt.unwinding:
-        taken = {id(w) for w in works}
-        rt.unwinding[:] = [w for w in rt.unwinding if id(w) not in taken]
-    for w in works:
-        if w.key in seen:
-            continue
-        seen.add(w.key)
-        fut = rt.inflight.get(w.key)
-        if fut is None:
-            if isinstance(w, Resume) and w.settled:
-                continue             # taken and finished by another restart point
-            if isinstance(w, Call) and (w.skey in w.sink or rt._has(w.inst)):
-                # made for another waiter, which has not taken it yet (whichever step runs
-                # first takes it: single flight), or no longer needed: its node was
-                # brought up to date meanwhile, by another waiter's step
+    try:
+        if rt.unwinding:
+            taken = {id(w) for w in works}
+            rt.unwinding[:] = [w for w in rt.unwinding if id(w) not in taken]
+        for w in works:
+            if w.key in seen:
                 continue
-            if isinstance(w, Wait):
-                if w.key not in rt.inflight:
-                    continue         # it finished meanwhile: the step sees its result
-                # a run that unwound to a restart point not reached yet (a pass goes on
-                # to its next observed instance first): whoever needs it first goes on with it
-                w = _unwound(rt, w.key)
-            if isinstance(w, Wait):
-                raise IncrError(f"incr: {w.inst.label_text} is in flight with nobody to "
-                                f"finish it (an internal error; please report it)")
-            fut = loop.create_future()
-            task = None
-            rt.inflight[w.key] = fut
-            try:
-                ctx = contextvars.copy_context()
-                ctx.run(_core._active_var().set, rt)    # the task computes on rt
-                task = loop.create_task(_perform(rt, w, fut), context=ctx)
-                task.add_done_callback(functools.partial(_finished, rt, w, fut))
-                _work[fut] = [task, 0, w]
-            except BaseException:
-                # interrupted (Ctrl-C) before the work was fully registered: nobody would
-                # finish it, and its future would pin the key to this loop for good
-                if task is not None:
-                    task.cancel()
-                _finished(rt, w, fut)
-                raise
-        else:
-            if _performing.get(asyncio.current_task()) == w.key:
-                # the work waits for itself (a validator that reads its own node, say): a
-                # cycle, not a deadlock
-                label = getattr(w.inst, "label_text", str(w.key))
-                raise CycleError([label, label])
-            if fut.get_loop() is not loop:
-                raise IncrError(f"incr: {getattr(w.key, 'label_text', w.key)} is being "
-                                f"computed on another event loop; a runtime's async work runs "
-                                f"on one loop at a time (use one runtime per loop)")
-            if chain:
-                _check_cycle(rt, w.key, chain)
-        futs.append(fut)
-        keys.append(w.key)
+            seen.add(w.key)
+            fut = rt.inflight.get(w.key)
+            if fut is None:
+                if isinstance(w, Resume) and w.settled:
+                    continue             # taken and finished by another restart point
+                if isinstance(w, Call) and (w.skey in w.sink or rt._has(w.inst)):
+                    # made for another waiter, which has not taken it yet (whichever step runs
+                    # first takes it: single flight), or no longer needed: its node was
+                    # brought up to date meanwhile, by another waiter's step
+                    continue
+                if isinstance(w, Wait):
+                    if w.key not in rt.inflight:
+                        continue         # it finished meanwhile: the step sees its result
+                    # a run that unwound to a restart point not reached yet (a pass goes on
+                    # to its next observed instance first): whoever needs it first goes on with it
+                    w = _unwound(rt, w.key)
+                if isinstance(w, Wait):
+                    raise IncrError(f"incr: {w.inst.label_text} is in flight with nobody to "
+                                    f"finish it (an internal error; please report it)")
+                fut = loop.create_future()
+                task = None
+                rt.inflight[w.key] = fut
+                try:
+                    ctx = contextvars.copy_context()
+                    ctx.run(_core._active_var().set, rt)    # the task computes on rt
+                    task = loop.create_task(_perform(rt, w, fut), context=ctx)
+                    task.add_done_callback(functools.partial(_finished, rt, w, fut))
+                    _work[fut] = [task, 0, w]
+                    if rt.unwinding and isinstance(w, Resume):
+                        rt.unwinding[:] = [u for u in rt.unwinding if u is not w]
+                except BaseException:
+                    # interrupted (Ctrl-C) before the work was fully registered: nobody would
+                    # finish it, and its future would pin the key to this loop for good
+                    if task is not None:
+                        task.cancel()
+                    _finished(rt, w, fut)
+                    raise
+            else:
+                if _performing.get(asyncio.current_task()) == w.key:
+                    # the work waits for itself (a validator that reads its own node, say): a
+                    # cycle, not a deadlock
+                    label = getattr(w.inst, "label_text", str(w.key))
+                    raise CycleError([label, label])
+                if fut.get_loop() is not loop:
+                    raise IncrError(f"incr: {getattr(w.key, 'label_text', w.key)} is being "
+                                    f"computed on another event loop; a runtime's async work runs "
+                                    f"on one loop at a time (use one runtime per loop)")
+                if chain:
+                    _check_cycle(rt, w.key, chain)
+            futs.append(fut)
+            keys.append(w.key)
+    except BaseException:
+        # interrupted (Ctrl-C) while taking the work on: a started run it took from the
+        # unwinding and did not register is closed, recording nothing (nobody else has it)
+        _unregistered(rt, works)
+        raise
     if not futs:
         return
     me = chain[-1] if chain else None
@@ -684,12 +864,25 @@ async def do_works(rt, works: list, chain: list) -> None:
             await asyncio.wait(orphans)
 
 
+def _unregistered(rt, works) -> None:
+    """``do_works`` was interrupted: each started run it was to take on (one of ``works``, or
+    the unwound run of one's key) that is still marked in flight with no future is closed,
+    recording nothing."""
+    keys = {id(w.key) for w in works}
+    runs = [w for w in works if isinstance(w, Resume)]
+    runs += [u for u in rt.unwinding if isinstance(u, Resume) and id(u.key) in keys]
+    if rt.unwinding:
+        rt.unwinding[:] = [u for u in rt.unwinding if not any(u is w for w in runs)]
+    for w in runs:
+        if not w.settled and rt.inflight.get(w.key, 0) is None:
+            w.drop(rt)
+
+
 def _unwound(rt, key):
-    """The started run of ``key`` waiting in ``rt.unwinding`` for a restart point, taken out
-    of it (a Wait for ``key`` if there is none)."""
-    for i, u in enumerate(rt.unwinding):
-        if isinstance(u, Resume) and u.key is key:
-            del rt.unwinding[i]
+    """The started run of ``key`` waiting in ``rt.unwinding`` for a restart point (a Wait for
+    ``key`` if there is none); ``do_works`` takes it out once it has registered it."""
+    for u in rt.unwinding:
+        if isinstance(u, Resume) and u.key is key and not u.settled:
             return u
     return Wait(key)
 

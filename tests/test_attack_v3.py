@@ -140,13 +140,6 @@ def test_ctrl_c_just_after_a_generation_is_recorded_is_not_an_oscillation():
     assert o.value == 20
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HANG: once any async cell is defined, rt.stabilize() runs on incr's own event loop via "
-    "loop.run_until_complete (incr/_aio.py drive). A Ctrl-C that lands as the loop is about "
-    "to step a task (base_events._run_once, `handle._run()`) loses that step; drive's "
-    "cleanup then waits forever for the cancelled task (only a second Ctrl-C gets out). "
-    "asyncio.run/asyncio.Runner avoid this by turning SIGINT into a cancellation of the main "
-    "task; drive should do the same (or bound its cleanup)."))
 def test_ctrl_c_inside_incrs_event_loop_does_not_hang_stabilize():
     rc, out = _subprocess("""
         import linecache, os, sys, threading
@@ -922,13 +915,7 @@ def _ctrl_c_at_line_starting(fn_name, text):
     # has to wait is incr/_aio.py went_on, under one try that undoes it)
     ("went_on", "work = Resume("),
     ("__init__", "self.inst, self.coro, self.y, self.frames = inst, coro, y, frames"),
-    pytest.param("do_works", "fut = loop.create_future()", marks=pytest.mark.xfail(
-        strict=True, reason=(
-            "RUNTIME BROKEN FOR GOOD after one Ctrl-C: do_works' registration is not "
-            "interrupt-safe: the unwound run it takes out of rt.unwinding and is interrupted "
-            "before registering is never closed, so the instance stays running (later: "
-            "'CycleError: mid() -> leaf() -> mid()'). Put do_works' registration under one "
-            "try that undoes it (the aioctrlc branch does)."))),
+    ("do_works", "fut = loop.create_future()"),
 ])
 def test_ctrl_c_in_the_first_step_of_an_async_cell_leaves_the_runtime_usable(fn_name, line):
     rt = incr.Runtime()
