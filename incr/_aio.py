@@ -476,8 +476,17 @@ def went_on(rt, n, coro, y, frames, f, had, invalid, start) -> bool:
         drive(work.go(rt))
     except BaseException:
         work.drop(rt)                   # (nothing if its run was recorded or failed)
+        _strand_check(rt)
         raise
     return True
+
+
+def _strand_check(rt) -> None:
+    # sync code: the loop this call drove is done, so a run its tasks left waiting for a
+    # restart point (an interrupt raised while its _Suspend unwound) has nobody to go on
+    # with it: closed, recording nothing
+    if rt.unwinding:
+        abandon(rt, list(rt.unwinding))
 
 
 def abandon_step(rt, work) -> None:
@@ -494,7 +503,11 @@ def redo(rt, n, works: list) -> bool:
     code: nothing above waits for the work, so it is done here, on this thread's loop, and
     the body runs again (as a restart point would)."""
     parent = tuple(rt._frames())
-    drive(_redo(rt, n, works, parent))
+    try:
+        drive(_redo(rt, n, works, parent))
+    except BaseException:
+        _strand_check(rt)
+        raise
     return True
 
 
