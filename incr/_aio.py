@@ -204,10 +204,162 @@ async def before(aw, deadline):
     raise incr.errors._OutOfTime (Budget(max_seconds) with a call in flight)."""
     if deadline is None:
         return await aw
+    if _timeout is None:                                        # (3.10)
+        try:
+            out = await asyncio.wait_for(aw, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise _OutOfTime() from None
+        if time.monotonic() >= deadline:
+            raise _OutOfTime()       # it swallowed the cancellation and returned late
+        return out
+    cm = _timeout(max(0.0, deadline - time.monotonic()))
     try:
-        return await asyncio.wait_for(aw, max(0.0, deadline - time.monotonic()))
-    except asyncio.TimeoutError:
+        async with cm:
+            out = await aw
+    except TimeoutError:
         raise _OutOfTime() from None
+    if cm.expired():
+        raise _OutOfTime()           # it swallowed the deadline's cancellation, returned late:
+    return out                       # its late result is never used
+
+
+_timeout = getattr(asyncio, "timeout", None)                    # 3.11+
+
+
+# -- the task an async body runs in ---------------------------------------------------------
+#
+# An async cell's body runs from its first step to its last as one task: the first step is
+# taken by hand (run_sync: most bodies finish in it, with no task and no loop involved), the
+# rest in a task of incr's (Resume.go). What asyncio.current_task() returns in every step is
+# one BodyTask, made current around each step (_task_swap), which stands for the real task
+# that goes on with the body once it has one (bound in Resume.go): asyncio.timeout, TaskGroup
+# and anyio's cancel scopes, bound to current_task() when entered, then cancel the body's run
+# and nothing else (never the task that demanded it).
+
+_current_task = asyncio.current_task
+_swap_current_task = getattr(asyncio.tasks, "_swap_current_task", None)    # 3.12+
+_enter_task = asyncio.tasks._enter_task
+_leave_task = asyncio.tasks._leave_task
+
+
+def _task_swap(loop, task):
+    """Make ``task`` the current task of ``loop`` (None: none); return the one it replaces."""
+    if _swap_current_task is not None:
+        return _swap_current_task(loop, task)
+    prev = _current_task(loop)
+    if prev is not None:
+        _leave_task(loop, prev)
+    if task is not None:
+        _enter_task(loop, task)
+    return prev
+
+
+class BodyTask:
+    """asyncio.current_task() in every step of an async body's run: until the body has a real
+    task (it finished in its first step, or has not been taken by one yet) it keeps its own
+    cancellation requests and done callbacks; then it hands them to that task and forwards
+    everything to it (cancel, cancelling, uncancel, done, ... and anyio's _fut_waiter)."""
+
+    __slots__ = ("_loop", "_coro", "_task", "_cancels", "_msg", "_callbacks", "_over",
+                 "__weakref__")
+
+    def __init__(self, loop, coro):
+        self._loop = loop
+        self._coro = coro
+        self._task = None
+        self._cancels = 0
+        self._msg = None
+        self._callbacks = None
+        self._over = False
+
+    def _bind(self, task) -> None:
+        """``task`` goes on with the body."""
+        self._task = task
+        for _ in range(self._cancels):
+            task.cancel(self._msg)
+        for cb, ctx in self._callbacks or ():
+            task.add_done_callback(lambda _t, cb=cb: cb(self), context=ctx)
+        self._callbacks = None
+
+    def _finished(self) -> None:
+        """The body finished in its first step (no task went on with it)."""
+        self._over = True
+        for cb, ctx in self._callbacks or ():
+            self._loop.call_soon(cb, self, context=ctx)
+        self._callbacks = None
+
+    def cancel(self, msg=None):
+        t = self._task
+        if t is not None:
+            return t.cancel(msg)
+        if self._over:
+            return False
+        self._cancels += 1
+        self._msg = msg
+        return True
+
+    def cancelling(self):
+        t = self._task
+        return t.cancelling() if t is not None else self._cancels
+
+    def uncancel(self):
+        t = self._task
+        if t is not None:
+            return t.uncancel()
+        if self._cancels:
+            self._cancels -= 1
+        return self._cancels
+
+    def done(self):
+        t = self._task
+        return t.done() if t is not None else self._over
+
+    def cancelled(self):
+        t = self._task
+        return t.cancelled() if t is not None else False
+
+    def add_done_callback(self, cb, *, context=None):
+        t = self._task
+        if t is not None:
+            return t.add_done_callback(lambda _t: cb(self), context=context)
+        if self._over:
+            self._loop.call_soon(cb, self, context=context)
+        else:
+            if self._callbacks is None:
+                self._callbacks = []
+            self._callbacks.append((cb, context))
+
+    def remove_done_callback(self, cb):
+        return 0          # (the callbacks were wrapped: a removal is not supported)
+
+    def get_loop(self):
+        return self._loop
+
+    def get_coro(self):
+        return self._coro
+
+    def get_name(self):
+        return getattr(self._coro, "__qualname__", "incr async body")
+
+    @property
+    def _fut_waiter(self):
+        t = self._task
+        return t._fut_waiter if t is not None else None
+
+    @property
+    def _must_cancel(self):
+        t = self._task
+        return t._must_cancel if t is not None else self._cancels > 0
+
+    def __getattr__(self, name):
+        t = object.__getattribute__(self, "_task")
+        if t is None:
+            raise AttributeError(f"incr's task of an async body ({self.get_name()}) has no "
+                                 f"{name!r} before it suspends")
+        return getattr(t, name)
+
+    def __repr__(self):
+        return f"<incr body task {self.get_name()} of {self._task!r}>"
 
 
 # -- stepping a coroutine with its own frames ----------------------------------------------
@@ -217,14 +369,15 @@ class _Stepper:
     """Await a coroutine, making ``frames`` the runtime's running stack during each of its
     steps (and only then)."""
 
-    __slots__ = ("rt", "coro", "frames", "first", "quiet")
+    __slots__ = ("rt", "coro", "frames", "first", "quiet", "body")
 
-    def __init__(self, rt, coro, frames: list, first=None):
+    def __init__(self, rt, coro, frames: list, first=None, body=None):
         self.rt = rt
         self.coro = coro
         self.frames = frames
         self.first = first          # what the coroutine yielded in a step already taken
         self.quiet = -1             # this task's untracked frame (incr.untracked), or -1
+        self.body = body            # the BodyTask current in its steps (None: the real task)
 
     def __await__(self):
         rt, coro = self.rt, self.coro
@@ -235,10 +388,13 @@ class _Stepper:
             except BaseException as e:
                 value, exc = None, e
         tf = _core._task_frames_var()
+        body = self.body
         while True:
             saved = rt._frames_swap(self.frames)
             saved_q = rt._quiet_swap(self.quiet)
             token = tf.set(self.frames)     # tasks it spawns in this step read into its frame
+            if body is not None:
+                task = _task_swap(body._loop, body)
             try:
                 if exc is None:
                     y = coro.send(value)
@@ -247,6 +403,8 @@ class _Stepper:
             except StopIteration as s:
                 return s.value
             finally:
+                if body is not None:
+                    _task_swap(body._loop, task)
                 tf.reset(token)
                 self.quiet = rt._quiet_swap(saved_q)
                 rt._frames_swap(saved)
@@ -292,10 +450,16 @@ async def arun(rt, n, parent: tuple) -> None:
             await do_works(rt, s.works, chain)
             continue
         except BaseException as e:
-            _on(rt, frames, rt._run_failed, n, f, had, invalid, e)
+            _on(rt, frames, rt._run_failed, n, f, had, invalid, _closed(e))
             raise
         _on(rt, frames, rt._run_finish, n, f, had, value, start)
         return
+
+
+def _closed(e: BaseException) -> BaseException:
+    """What a run that raised ``e`` records: a run closed unfinished (GeneratorExit: its loop
+    was closed under it) records nothing, as a cancelled one."""
+    return asyncio.CancelledError() if isinstance(e, GeneratorExit) else e
 
 
 def run_sync(rt, n) -> bool:
@@ -306,20 +470,29 @@ def run_sync(rt, n) -> bool:
     change is propagated). If it has to wait, it goes on with a stack of its own: as a task
     of the running loop (the caller unwinds to the nearest restart point, which waits for
     it), or, in sync code, on this thread's loop."""
-    running = _get_running_loop()
+    running = loop = _get_running_loop()
     if running is None:
         # sync code: the step runs as if on this thread's own loop (what it creates -- a
         # gather, a task, a future -- belongs to the loop that drive() then runs)
-        own = getattr(_tl, "loop", None)
-        _set_running_loop(own if own is not None and not own._closed else _own_loop())
+        loop = getattr(_tl, "loop", None)
+        if loop is None or loop._closed:
+            loop = _own_loop()
+        _set_running_loop(loop)
     f, had, invalid, start = rt._run_start(n)
     frames = list(rt._frames())         # the caller's stack, then n's frame: n's own stack if
     tf = _TASK_FRAMES                   # it goes on as a task, and where the tasks it
     token = tf.set(frames)              # spawns in this step record their reads
+    body = None
     try:
         coro = rt._invoke(n)
-        y = coro.send(None)
+        body = BodyTask(loop, coro)     # the body's task from this step on (never the caller)
+        prev = _task_swap(loop, body)
+        try:
+            y = coro.send(None)
+        finally:
+            _task_swap(loop, prev)
     except StopIteration as s:
+        body._finished()
         rt._run_finish(n, f, had, s.value, start)
         return True
     except _Suspend as s:
@@ -344,7 +517,7 @@ def run_sync(rt, n) -> bool:
         drive(_redo(rt, n, suspended.works, parent))
         return True
     rt._frames().pop()                  # n's frame leaves the caller's stack
-    work = Resume(n, coro, y, frames, f, had, invalid, start)
+    work = Resume(n, coro, y, frames, f, had, invalid, start, body)
     if loop_running():
         rt.inflight[n] = None           # in flight: whatever else asks for it waits
         rt.unwinding.append(work)       # until a restart point takes it (do_works)
@@ -363,18 +536,20 @@ class Resume:
     """Go on with an async instance's run that had to wait in its first step."""
 
     __slots__ = ("inst", "coro", "y", "frames", "f", "had", "invalid", "start", "key",
-                 "settled")
+                 "settled", "body")
 
-    def __init__(self, inst, coro, y, frames, f, had, invalid, start):
+    def __init__(self, inst, coro, y, frames, f, had, invalid, start, body):
         self.inst, self.coro, self.y, self.frames = inst, coro, y, frames
         self.f, self.had, self.invalid, self.start = f, had, invalid, start
         self.key = inst
         self.settled = False        # its run was recorded, failed or dropped
+        self.body = body            # its BodyTask (current in its first step)
 
     async def go(self, rt) -> None:
         n = self.inst
+        self.body._bind(_current_task())        # this task goes on with the body
         try:
-            value = await _Stepper(rt, self.coro, self.frames, self.y)
+            value = await _Stepper(rt, self.coro, self.frames, self.y, self.body)
         except _Suspend as s:
             self._failed(rt, s)
             chain = [rt._frame_info(f)[0] for f in self.frames]
@@ -394,8 +569,11 @@ class Resume:
             pass     # recorded in the trace: the waiters' steps meet it where they read it
 
     def _failed(self, rt, e) -> None:
+        if self.settled:
+            return                  # (dropped already: a close of its task comes later)
         self.settled = True
-        _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid, e)
+        _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid,
+            _closed(e))
 
     def drop(self, rt) -> None:
         """Nobody will wait for it (the unwinding reached no restart point): close the
@@ -618,7 +796,7 @@ async def do_works(rt, works: list, chain: list) -> None:
                 ctx.run(_core._active_var().set, rt)    # the task computes on rt
                 task = loop.create_task(_perform(rt, w, fut), context=ctx)
                 task.add_done_callback(functools.partial(_finished, rt, w, fut))
-                _work[fut] = [task, 0]
+                _work[fut] = [task, 0, w]
             except BaseException:
                 # interrupted (Ctrl-C) before the work was fully registered: nobody would
                 # finish it, and its future would pin the key to this loop for good
@@ -664,7 +842,7 @@ async def do_works(rt, works: list, chain: list) -> None:
             entry = _work.get(f)
             if entry is not None:
                 entry[1] -= 1
-                if entry[1] == 0 and not f.done():
+                if entry[1] == 0 and not f.done() and not loop.is_closed():
                     # its last waiter is gone (cancelled): the work is cancelled too, and
                     # records nothing
                     entry[0].cancel()
@@ -673,7 +851,45 @@ async def do_works(rt, works: list, chain: list) -> None:
             # structured: no work outlives its last waiter -- the cancelled tasks unwind
             # (their runs closed, recording nothing) before this waiter goes on, so the trace
             # is consistent as soon as it wakes (I6: nothing left marked running)
-            await asyncio.wait(orphans)
+            await _unwound_all(orphans)
+
+
+async def _unwound_all(tasks) -> None:
+    """Wait until ``tasks`` are done, whatever cancels the waiter meanwhile (an anyio cancel
+    scope cancels again at every await of its task); then raise that cancellation."""
+    cancelled = None
+    while True:
+        try:
+            await asyncio.wait(tasks)
+            break
+        except asyncio.CancelledError as e:
+            cancelled = e
+            if all(t.done() for t in tasks):
+                break
+    if cancelled is not None:
+        raise cancelled
+
+
+def dead(rt, key) -> bool:
+    """True if the work in flight for ``key`` is pinned to a closed event loop (the loop that
+    ran it was closed with it pending, as when the thread that owned the loop ends): it is
+    dropped, recording nothing (its instance stale, to run again)."""
+    fut = rt.inflight.get(key)
+    if fut is None or not fut.get_loop().is_closed():
+        return False
+    entry = _work.get(fut)
+    if entry is not None:
+        try:
+            entry[0].get_coro().close()     # its handlers run: a closed run records nothing
+        except BaseException:
+            pass
+        try:
+            _finished(rt, entry[2], fut)    # (if it never started)
+        except RuntimeError:
+            pass                            # (its future's callbacks: 'Event loop is closed')
+    if rt.inflight.get(key) is fut:
+        del rt.inflight[key]
+    return True
 
 
 def _unwound(rt, key):
