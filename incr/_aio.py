@@ -696,6 +696,11 @@ def _op_enter(rt) -> None:
 
 
 def _op_exit(rt) -> None:
+    if rt.unwinding:
+        # runs that unwound to a restart point this operation did not reach (a map's other
+        # keys, say), and it ended (done, failed, cancelled): nobody else would take them
+        # up, so they are closed, recording nothing (their instances stale, not running)
+        abandon(rt, list(rt.unwinding))
     _op_ended()
     rt._keep_failed(-1)
     rt._leave()

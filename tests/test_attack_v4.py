@@ -1288,14 +1288,6 @@ def test_an_anyio_cancel_scope_around_astabilize_leaves_the_trace_consistent():
     assert broken == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cancelling `await rt.astabilize()` while m.map(async cell) runs its per-key instances "
-    "leaves four of them marked running after astabilize has raised CancelledError "
-    "(rt._check(): 'I6: f(1, 1) is marked running or verifying', ...), where the same cancel "
-    "of plain async cells leaves the trace consistent (the orphaned work is waited for: "
-    "incr/_aio.py do_works). The map node's per-key async runs (incr/_collections.pyx "
-    "PerKeyFn / the map's run under astabilize) are not waited for; CONCURRENCY.md rule 6: no "
-    "task outlives the pass that started it. The next pass recovers (the value is right)"))
 def test_cancelling_astabilize_while_an_async_map_runs_leaves_no_run_marked_running():
     broken = []
     for k in range(1, 6):
@@ -1330,14 +1322,6 @@ def test_cancelling_astabilize_while_an_async_map_runs_leaves_no_run_marked_runn
     assert broken == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "after `await rt.astabilize()` is cancelled while m.map(async cell) runs and the user's "
-    "loop then ends (asyncio.run returns), the next rt.stabilize() calls raise asyncio's "
-    "RuntimeError 'Task <_perform()> got Future <Future pending> attached to a different loop' "
-    "(incr/_aio.py _perform, line ~701), one call per orphaned per-key run, before one "
-    "succeeds: the runtime is unusable for several calls and leaks an asyncio internal error. "
-    "Same root as the I6 finding above: the map's per-key async runs outlive the cancelled "
-    "pass and stay registered on the dead loop"))
 def test_after_a_cancelled_async_map_pass_and_its_loop_ending_stabilize_works_at_once():
     rt = incr.Runtime()
     m = incr.input_map(rt, "m", {i: i for i in range(5)})
