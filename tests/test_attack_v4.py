@@ -473,14 +473,6 @@ def test_an_anyio_task_group_inside_an_async_cell(drive):
 # -- (7) a loop closed under incr ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an event loop closed while incr async work is pending on it (a task awaiting "
-    "slow.aget(0) left pending, loop.close(), as a thread that owned the loop ending does) "
-    "pins that instance to the dead loop for good: a plain call leaks the internal "
-    "incr.errors._Suspend (a BaseException) to the user, and every later demand from any loop, "
-    "stabilize() included and even after its input changed, raises IncrError 'being computed on "
-    "another event loop'; rt._check() reports I6 for ever. incr/_aio.py (rt.inflight / the "
-    "work's loop): work whose loop is closed should be dropped (the instance stale, run again)"))
 def test_a_loop_closed_with_incr_work_pending_does_not_pin_the_instance():
     rt = incr.Runtime()
     x = rt.input("x", 1)
