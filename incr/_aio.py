@@ -238,20 +238,22 @@ _timeout = getattr(asyncio, "timeout", None)                    # 3.11+
 
 _current_task = asyncio.current_task
 _swap_current_task = getattr(asyncio.tasks, "_swap_current_task", None)    # 3.12+
-_enter_task = asyncio.tasks._enter_task
-_leave_task = asyncio.tasks._leave_task
+_current_tasks = asyncio.tasks._current_tasks   # loop -> its current task (3.10, 3.11)
 
 
 def _task_swap(loop, task):
     """Make ``task`` the current task of ``loop`` (None: none); return the one it replaces."""
     if _swap_current_task is not None:
         return _swap_current_task(loop, task)
-    prev = _current_task(loop)
-    if prev is not None:
-        _leave_task(loop, prev)
+    prev = _current_tasks.get(loop)
     if task is not None:
-        _enter_task(loop, task)
+        _current_tasks[loop] = task
+    elif prev is not None:
+        del _current_tasks[loop]
     return prev
+
+
+_DONE = object()      # BodyTask._task of a body that finished in its first step
 
 
 class BodyTask:
@@ -260,74 +262,78 @@ class BodyTask:
     cancellation requests and done callbacks; then it hands them to that task and forwards
     everything to it (cancel, cancelling, uncancel, done, ... and anyio's _fut_waiter)."""
 
-    __slots__ = ("_loop", "_coro", "_task", "_cancels", "_msg", "_callbacks", "_over",
-                 "__weakref__")
+    __slots__ = ("_loop", "_coro", "_task", "_kept", "__weakref__")
 
     def __init__(self, loop, coro):
         self._loop = loop
         self._coro = coro
-        self._task = None
-        self._cancels = 0
-        self._msg = None
-        self._callbacks = None
-        self._over = False
+        self._task = None   # the real task, once bound; _DONE: it finished in its first step
+        self._kept = None   # before that: [cancel requests, last message, done callbacks]
+
+    def _keep(self) -> list:
+        if self._kept is None:
+            self._kept = [0, None, []]
+        return self._kept
 
     def _bind(self, task) -> None:
         """``task`` goes on with the body."""
         self._task = task
-        for _ in range(self._cancels):
-            task.cancel(self._msg)
-        for cb, ctx in self._callbacks or ():
-            task.add_done_callback(lambda _t, cb=cb: cb(self), context=ctx)
-        self._callbacks = None
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            for _ in range(kept[0]):
+                task.cancel(kept[1])
+            for cb, ctx in kept[2]:
+                task.add_done_callback(lambda _t, cb=cb: cb(self), context=ctx)
 
     def _finished(self) -> None:
         """The body finished in its first step (no task went on with it)."""
-        self._over = True
-        for cb, ctx in self._callbacks or ():
-            self._loop.call_soon(cb, self, context=ctx)
-        self._callbacks = None
+        self._task = _DONE
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            for cb, ctx in kept[2]:
+                self._loop.call_soon(cb, self, context=ctx)
 
     def cancel(self, msg=None):
         t = self._task
-        if t is not None:
-            return t.cancel(msg)
-        if self._over:
-            return False
-        self._cancels += 1
-        self._msg = msg
-        return True
+        if t is None:
+            kept = self._keep()
+            kept[0] += 1
+            kept[1] = msg
+            return True
+        return False if t is _DONE else t.cancel(msg)
 
     def cancelling(self):
         t = self._task
-        return t.cancelling() if t is not None else self._cancels
+        if t is None or t is _DONE:
+            return self._kept[0] if self._kept is not None else 0
+        return t.cancelling()
 
     def uncancel(self):
         t = self._task
-        if t is not None:
-            return t.uncancel()
-        if self._cancels:
-            self._cancels -= 1
-        return self._cancels
+        if t is None or t is _DONE:
+            kept = self._kept
+            if kept is None or not kept[0]:
+                return 0
+            kept[0] -= 1
+            return kept[0]
+        return t.uncancel()
 
     def done(self):
         t = self._task
-        return t.done() if t is not None else self._over
+        return t is _DONE or (t is not None and t.done())
 
     def cancelled(self):
         t = self._task
-        return t.cancelled() if t is not None else False
+        return t is not None and t is not _DONE and t.cancelled()
 
     def add_done_callback(self, cb, *, context=None):
         t = self._task
-        if t is not None:
-            return t.add_done_callback(lambda _t: cb(self), context=context)
-        if self._over:
+        if t is None:
+            self._keep()[2].append((cb, context))
+        elif t is _DONE:
             self._loop.call_soon(cb, self, context=context)
         else:
-            if self._callbacks is None:
-                self._callbacks = []
-            self._callbacks.append((cb, context))
+            t.add_done_callback(lambda _t: cb(self), context=context)
 
     def remove_done_callback(self, cb):
         return 0          # (the callbacks were wrapped: a removal is not supported)
@@ -344,18 +350,20 @@ class BodyTask:
     @property
     def _fut_waiter(self):
         t = self._task
-        return t._fut_waiter if t is not None else None
+        return None if t is None or t is _DONE else t._fut_waiter
 
     @property
     def _must_cancel(self):
         t = self._task
-        return t._must_cancel if t is not None else self._cancels > 0
+        if t is None or t is _DONE:
+            return self._kept is not None and self._kept[0] > 0
+        return t._must_cancel
 
     def __getattr__(self, name):
         t = object.__getattribute__(self, "_task")
-        if t is None:
+        if t is None or t is _DONE:
             raise AttributeError(f"incr's task of an async body ({self.get_name()}) has no "
-                                 f"{name!r} before it suspends")
+                                 f"{name!r} while it has no asyncio task")
         return getattr(t, name)
 
     def __repr__(self):
@@ -486,13 +494,25 @@ def run_sync(rt, n) -> bool:
     try:
         coro = rt._invoke(n)
         body = BodyTask(loop, coro)     # the body's task from this step on (never the caller)
-        prev = _task_swap(loop, body)
+        if _swap_current_task is None:  # (_task_swap, inlined: this is the hot path)
+            prev = _current_tasks.get(loop)
+            _current_tasks[loop] = body
+        else:
+            prev = _swap_current_task(loop, body)
         try:
             y = coro.send(None)
         finally:
-            _task_swap(loop, prev)
+            if _swap_current_task is not None:
+                _swap_current_task(loop, prev)
+            elif prev is None:
+                del _current_tasks[loop]
+            else:
+                _current_tasks[loop] = prev
     except StopIteration as s:
-        body._finished()
+        if body._kept is None:
+            body._task = _DONE          # (the common case: nothing to hand on)
+        else:
+            body._finished()
         rt._run_finish(n, f, had, s.value, start)
         return True
     except _Suspend as s:
