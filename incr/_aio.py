@@ -493,21 +493,16 @@ def run_sync(rt, n) -> bool:
     body = None
     try:
         coro = rt._invoke(n)
-        body = BodyTask(loop, coro)     # the body's task from this step on (never the caller)
-        if _swap_current_task is None:  # (_task_swap, inlined: this is the hot path)
+        # the body's task from this step on, never the caller's (_task_swap, inlined: this is
+        # the hot path; put back in the finally below, so the StopIteration is not re-raised)
+        if _swap_current_task is None:
             prev = _current_tasks.get(loop)
+            body = BodyTask(loop, coro)
             _current_tasks[loop] = body
         else:
+            body = BodyTask(loop, coro)
             prev = _swap_current_task(loop, body)
-        try:
-            y = coro.send(None)
-        finally:
-            if _swap_current_task is not None:
-                _swap_current_task(loop, prev)
-            elif prev is None:
-                del _current_tasks[loop]
-            else:
-                _current_tasks[loop] = prev
+        y = coro.send(None)
     except StopIteration as s:
         if body._kept is None:
             body._task = _DONE          # (the common case: nothing to hand on)
@@ -527,6 +522,13 @@ def run_sync(rt, n) -> bool:
     else:
         suspended = None
     finally:
+        if body is not None:            # the caller's task is current again
+            if _swap_current_task is not None:
+                _swap_current_task(loop, prev)
+            elif prev is None:
+                _current_tasks.pop(loop, None)
+            else:
+                _current_tasks[loop] = prev
         tf.reset(token)
         if running is None:
             _set_running_loop(None)
