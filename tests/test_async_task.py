@@ -125,3 +125,40 @@ def test_asyncio_timeout_inside_a_body_expires_on_the_body_alone(drive):
     value, _me = _demand(drive, bounded, rt)
     assert value == -1 and runs == [1]
     rt._check()
+
+
+def test_an_anyio_task_group_and_cancel_scope_inside_a_body_under_anyio_run():
+    """The body's anyio scopes are entered and exited in one task (anyio compares
+    current_task() identity), with anyio.run as the driver."""
+    anyio = pytest.importorskip("anyio", reason="anyio is in the [test] extra")
+    rt = incr.Runtime()
+    xs = [rt.input(f"x{i}", i) for i in range(3)]
+    runs = []
+
+    @incr.cell
+    async def part(i):
+        runs.append(i)
+        await anyio.sleep(0.001 * (i + 1))
+        return xs[i].get() + 1
+
+    @incr.cell
+    async def whole():
+        res = {}
+
+        async def one(i):
+            res[i] = await part(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(one, i)
+        with anyio.move_on_after(0.01) as scope:
+            await anyio.sleep(5)
+        return sum(res.values()), scope.cancelled_caught
+
+    async def main():
+        with rt:
+            return await whole.aget()
+
+    assert anyio.run(main) == (1 + 2 + 3, True)
+    assert sorted(runs) == [0, 1, 2]
+    rt._check()
