@@ -340,10 +340,170 @@ async def before(aw, deadline):
     raise incr.errors._OutOfTime (Budget(max_seconds) with a call in flight)."""
     if deadline is None:
         return await aw
+    if _timeout is None:                                        # (3.10)
+        try:
+            out = await asyncio.wait_for(aw, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise _OutOfTime() from None
+        if time.monotonic() >= deadline:
+            raise _OutOfTime()       # it swallowed the cancellation and returned late
+        return out
+    cm = _timeout(max(0.0, deadline - time.monotonic()))
     try:
-        return await asyncio.wait_for(aw, max(0.0, deadline - time.monotonic()))
-    except asyncio.TimeoutError:
+        async with cm:
+            out = await aw
+    except TimeoutError:
         raise _OutOfTime() from None
+    if cm.expired():
+        raise _OutOfTime()           # it swallowed the deadline's cancellation, returned late:
+    return out                       # its late result is never used
+
+
+_timeout = getattr(asyncio, "timeout", None)                    # 3.11+
+
+
+# -- the task an async body runs in ---------------------------------------------------------
+#
+# An async cell's body runs from its first step to its last as one task: the first step is
+# taken by hand (the core's run_async: most bodies finish in it, with no task and no loop involved), the
+# rest in a task of incr's (Resume.go). What asyncio.current_task() returns in every step is
+# one BodyTask, made current around each step (_task_swap), which stands for the real task
+# that goes on with the body once it has one (bound in Resume.go): asyncio.timeout, TaskGroup
+# and anyio's cancel scopes, bound to current_task() when entered, then cancel the body's run
+# and nothing else (never the task that demanded it).
+
+_current_task = asyncio.current_task
+_swap_current_task = getattr(asyncio.tasks, "_swap_current_task", None)    # 3.12+
+_current_tasks = asyncio.tasks._current_tasks   # loop -> its current task (3.10, 3.11)
+
+
+def _task_swap(loop, task):
+    """Make ``task`` the current task of ``loop`` (None: none); return the one it replaces."""
+    if _swap_current_task is not None:
+        return _swap_current_task(loop, task)
+    prev = _current_tasks.get(loop)
+    if task is not None:
+        _current_tasks[loop] = task
+    elif prev is not None:
+        del _current_tasks[loop]
+    return prev
+
+
+_DONE = object()      # BodyTask._task of a body that finished in its first step
+
+
+class BodyTask:
+    """asyncio.current_task() in every step of an async body's run: until the body has a real
+    task (it finished in its first step, or has not been taken by one yet) it keeps its own
+    cancellation requests and done callbacks; then it hands them to that task and forwards
+    everything to it (cancel, cancelling, uncancel, done, ... and anyio's _fut_waiter)."""
+
+    __slots__ = ("_loop", "_coro", "_task", "_kept", "__weakref__")
+
+    def __init__(self, loop, coro):
+        self._loop = loop
+        self._coro = coro
+        self._task = None   # the real task, once bound; _DONE: it finished in its first step
+        self._kept = None   # before that: [cancel requests, last message, done callbacks]
+
+    def _keep(self) -> list:
+        if self._kept is None:
+            self._kept = [0, None, []]
+        return self._kept
+
+    def _bind(self, task) -> None:
+        """``task`` goes on with the body."""
+        self._task = task
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            for _ in range(kept[0]):
+                task.cancel(kept[1])
+            for cb, ctx in kept[2]:
+                task.add_done_callback(lambda _t, cb=cb: cb(self), context=ctx)
+
+    def _finished(self) -> None:
+        """The body finished in its first step (no task went on with it)."""
+        self._task = _DONE
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            for cb, ctx in kept[2]:
+                self._loop.call_soon(cb, self, context=ctx)
+
+    def cancel(self, msg=None):
+        t = self._task
+        if t is None:
+            kept = self._keep()
+            kept[0] += 1
+            kept[1] = msg
+            return True
+        return False if t is _DONE else t.cancel(msg)
+
+    def cancelling(self):
+        t = self._task
+        if t is None or t is _DONE:
+            return self._kept[0] if self._kept is not None else 0
+        return t.cancelling()
+
+    def uncancel(self):
+        t = self._task
+        if t is None or t is _DONE:
+            kept = self._kept
+            if kept is None or not kept[0]:
+                return 0
+            kept[0] -= 1
+            return kept[0]
+        return t.uncancel()
+
+    def done(self):
+        t = self._task
+        return t is _DONE or (t is not None and t.done())
+
+    def cancelled(self):
+        t = self._task
+        return t is not None and t is not _DONE and t.cancelled()
+
+    def add_done_callback(self, cb, *, context=None):
+        t = self._task
+        if t is None:
+            self._keep()[2].append((cb, context))
+        elif t is _DONE:
+            self._loop.call_soon(cb, self, context=context)
+        else:
+            t.add_done_callback(lambda _t: cb(self), context=context)
+
+    def remove_done_callback(self, cb):
+        return 0          # (the callbacks were wrapped: a removal is not supported)
+
+    def get_loop(self):
+        return self._loop
+
+    def get_coro(self):
+        return self._coro
+
+    def get_name(self):
+        return getattr(self._coro, "__qualname__", "incr async body")
+
+    @property
+    def _fut_waiter(self):
+        t = self._task
+        return None if t is None or t is _DONE else t._fut_waiter
+
+    @property
+    def _must_cancel(self):
+        t = self._task
+        if t is None or t is _DONE:
+            return self._kept is not None and self._kept[0] > 0
+        return t._must_cancel
+
+    def __getattr__(self, name):
+        t = object.__getattribute__(self, "_task")
+        if t is None or t is _DONE:
+            raise AttributeError(f"incr's task of an async body ({self.get_name()}) has no "
+                                 f"{name!r} while it has no asyncio task")
+        return getattr(t, name)
+
+    def __repr__(self):
+        return f"<incr body task {self.get_name()} of {self._task!r}>"
 
 
 # -- stepping a coroutine with its own frames ----------------------------------------------
@@ -353,14 +513,15 @@ class _Stepper:
     """Await a coroutine, making ``frames`` the runtime's running stack during each of its
     steps (and only then)."""
 
-    __slots__ = ("rt", "coro", "frames", "first", "quiet")
+    __slots__ = ("rt", "coro", "frames", "first", "quiet", "body")
 
-    def __init__(self, rt, coro, frames: list, first=None):
+    def __init__(self, rt, coro, frames: list, first=None, body=None):
         self.rt = rt
         self.coro = coro
         self.frames = frames
         self.first = first          # what the coroutine yielded in a step already taken
         self.quiet = -1             # this task's untracked frame (incr.untracked), or -1
+        self.body = body            # the BodyTask current in its steps (None: the real task)
 
     def __await__(self):
         rt, coro = self.rt, self.coro
@@ -371,6 +532,7 @@ class _Stepper:
             except BaseException as e:
                 value, exc = None, e
         tf = _core._task_frames_var()
+        body = self.body
         while True:
             # (interrupt-safe: the running stack is put back whatever a Ctrl-C interrupts --
             # saved before it is swapped, each restore in the finally of the one before)
@@ -381,10 +543,16 @@ class _Stepper:
                 try:
                     token = tf.set(self.frames)   # tasks it spawns in this step read into its frame
                     try:
-                        if exc is None:
-                            y = coro.send(value)
-                        else:
-                            y = coro.throw(exc)
+                        # the body's task in every step (BodyTask), never the one stepping it
+                        task = _task_swap(body._loop, body) if body is not None else None
+                        try:
+                            if exc is None:
+                                y = coro.send(value)
+                            else:
+                                y = coro.throw(exc)
+                        finally:
+                            if body is not None:
+                                _task_swap(body._loop, task)
                     finally:
                         tf.reset(token)
                 finally:
@@ -436,7 +604,7 @@ async def arun(rt, n, parent: tuple) -> None:
             await do_works(rt, s.works, chain)
             continue
         except BaseException as e:
-            _on(rt, frames, rt._run_failed, n, f, had, invalid, e)
+            _on(rt, frames, rt._run_failed, n, f, had, invalid, _closed(e))
             raise
         try:
             _on(rt, frames, rt._run_finish, n, f, had, value, start)
@@ -447,7 +615,13 @@ async def arun(rt, n, parent: tuple) -> None:
         return
 
 
-def went_on(rt, n, coro, y, frames, f, had, invalid, start) -> bool:
+def _closed(e: BaseException) -> BaseException:
+    """What a run that raised ``e`` records: a run closed unfinished (GeneratorExit: its loop
+    was closed under it) records nothing, as a cancelled one."""
+    return asyncio.CancelledError() if isinstance(e, GeneratorExit) else e
+
+
+def went_on(rt, n, coro, y, frames, f, had, invalid, start, body=None) -> bool:
     """The engine's run of an async instance, from its verification or a demand (sync): its
     body's first step, taken by the core on the caller's stack (``run_async``,
     _core_async.pxi), had to wait (it yielded ``y``). An async cell whose inputs are ready
@@ -458,7 +632,7 @@ def went_on(rt, n, coro, y, frames, f, had, invalid, start) -> bool:
     stack = rt._frames()
     work = suspend = None
     try:
-        work = Resume(n, coro, y, frames, f, had, invalid, start)
+        work = Resume(n, coro, y, frames, f, had, invalid, start, body)
         stack.pop()                     # n's frame leaves the caller's stack
         if loop_running():
             rt.inflight[n] = None       # in flight: whatever else asks for it waits
@@ -468,7 +642,7 @@ def went_on(rt, n, coro, y, frames, f, had, invalid, start) -> bool:
         # interrupted (Ctrl-C) before the run was handed on: nobody goes on with it
         if stack and stack[-1] is f:
             stack.pop()
-        abandon_step(rt, work or Resume(n, coro, y, frames, f, had, invalid, start))
+        abandon_step(rt, work or Resume(n, coro, y, frames, f, had, invalid, start, body))
         raise
     if suspend is not None:
         raise suspend
@@ -521,18 +695,21 @@ class Resume:
     """Go on with an async instance's run that had to wait in its first step."""
 
     __slots__ = ("inst", "coro", "y", "frames", "f", "had", "invalid", "start", "key",
-                 "settled")
+                 "settled", "body")
 
-    def __init__(self, inst, coro, y, frames, f, had, invalid, start):
+    def __init__(self, inst, coro, y, frames, f, had, invalid, start, body=None):
         self.inst, self.coro, self.y, self.frames = inst, coro, y, frames
         self.f, self.had, self.invalid, self.start = f, had, invalid, start
         self.key = inst
         self.settled = False        # its run was recorded, failed or dropped
+        self.body = body            # its BodyTask (current in its first step)
 
     async def go(self, rt) -> None:
         n = self.inst
+        if self.body is not None:
+            self.body._bind(_current_task())    # this task goes on with the body
         try:
-            value = await _Stepper(rt, self.coro, self.frames, self.y)
+            value = await _Stepper(rt, self.coro, self.frames, self.y, self.body)
         except _Suspend as s:
             self._failed(rt, s)
             chain = [rt._frame_info(f)[0] for f in self.frames]
@@ -557,8 +734,11 @@ class Resume:
             pass     # recorded in the trace: the waiters' steps meet it where they read it
 
     def _failed(self, rt, e) -> None:
+        if self.settled:
+            return                  # (dropped already: a close of its task comes later)
         if self._open():
-            _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid, e)
+            _on(rt, self.frames, rt._run_failed, self.inst, self.f, self.had, self.invalid,
+                _closed(e))
         self.settled = True
 
     def _open(self) -> bool:
@@ -855,7 +1035,7 @@ async def do_works(rt, works: list, chain: list) -> None:
             entry = _work.get(f)
             if entry is not None:
                 entry[1] -= 1
-                if entry[1] == 0 and not f.done():
+                if entry[1] == 0 and not f.done() and not loop.is_closed():
                     # its last waiter is gone (cancelled): the work is cancelled too, and
                     # records nothing
                     entry[0].cancel()
@@ -874,7 +1054,45 @@ async def do_works(rt, works: list, chain: list) -> None:
             # structured: no work outlives its last waiter -- the cancelled tasks unwind
             # (their runs closed, recording nothing) before this waiter goes on, so the trace
             # is consistent as soon as it wakes (I6: nothing left marked running)
-            await asyncio.wait(orphans)
+            await _unwound_all(orphans)
+
+
+async def _unwound_all(tasks) -> None:
+    """Wait until ``tasks`` are done, whatever cancels the waiter meanwhile (an anyio cancel
+    scope cancels again at every await of its task); then raise that cancellation."""
+    cancelled = None
+    while True:
+        try:
+            await asyncio.wait(tasks)
+            break
+        except asyncio.CancelledError as e:
+            cancelled = e
+            if all(t.done() for t in tasks):
+                break
+    if cancelled is not None:
+        raise cancelled
+
+
+def dead(rt, key) -> bool:
+    """True if the work in flight for ``key`` is pinned to a closed event loop (the loop that
+    ran it was closed with it pending, as when the thread that owned the loop ends): it is
+    dropped, recording nothing (its instance stale, to run again)."""
+    fut = rt.inflight.get(key)
+    if fut is None or not fut.get_loop().is_closed():
+        return False
+    entry = _work.get(fut)
+    if entry is not None:
+        try:
+            entry[0].get_coro().close()     # its handlers run: a closed run records nothing
+        except BaseException:
+            pass
+        try:
+            _finished(rt, entry[2], fut)    # (if it never started)
+        except RuntimeError:
+            pass                            # (its future's callbacks: 'Event loop is closed')
+    if rt.inflight.get(key) is fut:
+        del rt.inflight[key]
+    return True
 
 
 def _unregistered(rt, works) -> None:

@@ -77,9 +77,36 @@ cdef object _own_loop_now(object aio):
     return own
 
 
+cdef object _cur_tasks = None     # asyncio's loop -> current task (3.10, 3.11)
+cdef object _swap_task = None     # asyncio.tasks._swap_current_task (3.12+)
+cdef bint _tasks_known = False
+
+
+cdef object task_swap(object loop, object task):
+    # make ``task`` the current task of ``loop`` (None: none); return the one it replaces
+    # (incr._aio._task_swap, here without a Python call: this is the first step's hot path)
+    global _cur_tasks, _swap_task, _tasks_known
+    if not _tasks_known:
+        import asyncio.tasks as _t
+        _swap_task = getattr(_t, "_swap_current_task", None)
+        _cur_tasks = _t._current_tasks if _swap_task is None else None
+        _tasks_known = True
+    if _swap_task is not None:
+        return _swap_task(loop, task)
+    cdef dict cur = <dict>_cur_tasks
+    prev = cur.get(loop)
+    if task is not None:
+        cur[loop] = task
+    elif prev is not None:
+        del cur[loop]
+    return prev
+
+
 cdef bint run_async(Runtime rt, Instance n) except -1:
     cdef object aio = _aio_mod()
     cdef object running = _get_running_loop()
+    cdef object loop = running, body = None, prev = None
+    cdef bint swapped = False
     cdef object coro, token = None, y = None, suspended = None, saved = None
     cdef _StepTasks tasks = None
     cdef PyObject *res = NULL
@@ -96,7 +123,8 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         # Lock or Event waiter) -- takes the running loop when it is made, and must belong to
         # the loop incr drives next (drive()), or it is bound to another loop (or refused:
         # "no running event loop") and the step that awaits it fails.
-        _set_running_loop(_own_loop_now(aio))
+        loop = _own_loop_now(aio)
+        _set_running_loop(loop)
         tasks = _own_tasks
     elif _own_tasks is not None and running is _own and _own_tasks.frames is not None:
         tasks = _own_tasks           # nested in a first step of sync code: the same loop
@@ -109,6 +137,13 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         token = PyContextVar_Set(_task_frames, frames)
     try:
         coro = n.cell.invoke(_keys.own_args(n.args) if n.fresh_args else n.args)
+        # the body's task from this step on, never the caller's: asyncio.current_task() in
+        # the body is one incr._aio.BodyTask at every step (bound to the task that goes on
+        # with the body if it has to wait), so asyncio.timeout, TaskGroup and anyio's cancel
+        # scopes act on the body's run alone
+        body = aio.BodyTask(loop, coro)
+        prev = task_swap(loop, body)
+        swapped = True
         sent = PyIter_Send(coro, None, &res)
         y = <object>res              # (a new reference: given back below)
         Py_DECREF(y)
@@ -122,6 +157,8 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         run_failed(rt, n, f, had, invalid, e)
         raise
     finally:
+        if swapped:
+            task_swap(loop, prev)    # the caller's task is current again
         if tasks is not None:
             tasks.frames = saved
         else:
@@ -131,19 +168,23 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
     if suspended is not None:
         return aio.redo(rt, n, (<object>suspended).works)
     if sent == 0:                    # it returned y: recorded as a sync run is
+        if body._kept is None:
+            body._task = aio._DONE   # (the common case: nothing to hand on)
+        else:
+            body._finished()
         frames = None
         coro = None
         run_finish(rt, n, f, had, y, start)
         frame_give(rt, f)            # (back to the pool if nothing else holds it)
         return True
     try:
-        return aio.went_on(rt, n, coro, y, frames, f, had, invalid, start)
+        return aio.went_on(rt, n, coro, y, frames, f, had, invalid, start, body)
     except BaseException:
         if rt.frames and rt.frames[len(rt.frames) - 1] is f:
             # interrupted (Ctrl-C) as went_on began, before it took the run: nobody goes on
             # with it (closed, recording nothing)
             rt.frames.pop()
-            aio.abandon_step(rt, aio.Resume(n, coro, y, frames, f, had, invalid, start))
+            aio.abandon_step(rt, aio.Resume(n, coro, y, frames, f, had, invalid, start, body))
         raise
 
 

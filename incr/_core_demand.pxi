@@ -116,9 +116,9 @@ cdef object demand_cold(Runtime rt, Instance n):
     # run). Nested or inside a pass: ensure(). At top level: a pass of its own (enter, settle
     # with one store commit, leave).
     cdef Py_ssize_t i
-    if n.flags & (F_RUNNING | F_VERIFYING):
-        if rt.inflight and elsewhere(rt, n):
-            raise _Suspend([_aio_mod().Wait(n)])   # another task runs it: wait for it
+    if n.flags & (F_RUNNING | F_VERIFYING) and rt.inflight and elsewhere(rt, n):
+        raise _Suspend([_aio_mod().Wait(n)])       # another task runs it: wait for it
+    if n.flags & (F_RUNNING | F_VERIFYING):        # (elsewhere() drops dead-loop work)
         labels = [(<Frame>f).node.label() for f in rt.frames]
         start = 0
         for i in range(len(rt.frames)):
@@ -208,7 +208,8 @@ cdef bint elsewhere(Runtime rt, Node n):
     for f in rt.frames:
         if (<Frame>f).node is n:
             return False
-    return True
+    # work pinned to a closed event loop is dropped (n stale, not running): run it again
+    return not _aio_mod().dead(rt, n)
 
 # -- hooks of incr._aio (async cells and calls; the loop's thread only) ------------------
 

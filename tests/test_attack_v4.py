@@ -318,14 +318,6 @@ def _async_cell_under(drive, cell):
     return asyncio.run(main())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "asyncio.timeout() inside an async cell, demanded from a user's loop (await cell.aget() or "
-    "await rt.astabilize()): the timeout is bound to the task that ran the cell's first step "
-    "(the user's task), and it cancels THAT task when it expires: the user's await raises "
-    "CancelledError although the cell caught its TimeoutError (and the cell's -1 is recorded). "
-    "incr/_aio.py runs an async cell's first step in the demanding task and the following ones "
-    "in a task of its own; the whole body should run in one task (start it in the task that "
-    "will finish it)"))
 @pytest.mark.parametrize("drive", ["aget", "astabilize"])
 def test_asyncio_timeout_inside_an_async_cell_cancels_nothing_outside_it(drive):
     rt = incr.Runtime()
@@ -351,11 +343,6 @@ def test_asyncio_timeout_inside_an_async_cell_cancels_nothing_outside_it(drive):
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "asyncio.TaskGroup inside an async cell whose child fails: the group cancels its parent "
-    "task, which is the task that ran the cell's first step (the user's), so the user's await "
-    "raises CancelledError although the cell handled the ExceptionGroup. Same cause as the "
-    "asyncio.timeout finding (incr/_aio.py: the body changes task after its first step)"))
 @pytest.mark.parametrize("drive", ["aget", "astabilize"])
 def test_a_taskgroup_inside_an_async_cell_whose_child_fails_cancels_nothing_outside_it(drive):
     rt = incr.Runtime()
@@ -385,12 +372,6 @@ def test_a_taskgroup_inside_an_async_cell_whose_child_fails_cancels_nothing_outs
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "under incr's own loop (a plain call of an async cell, rt.stabilize()), an async cell's "
-    "first step runs with the loop running but outside any task (asyncio.current_task() is "
-    "None), so `async with asyncio.timeout(...)` there raises RuntimeError 'Timeout should be "
-    "used inside a task' (and anyio finds no event loop). incr/_aio.py drive/run_sync step the "
-    "body's first step by hand; it should run inside a task like the following steps"))
 def test_asyncio_timeout_inside_an_async_cell_under_incrs_own_loop():
     rt = incr.Runtime()
 
@@ -412,12 +393,6 @@ def test_asyncio_timeout_inside_an_async_cell_under_incrs_own_loop():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an anyio task group (or any anyio cancel scope) inside an async cell fails with "
-    "RuntimeError 'Attempted to exit cancel scope in a different task than it was entered in', "
-    "under every driver (a plain call, await cell.aget(), astabilize, anyio.run): the cell's "
-    "body is entered in one task and finished in another (incr/_aio.py). An async cell should "
-    "be able to use anyio (FastAPI/Starlette code does)"))
 @pytest.mark.parametrize("drive", ["sync", "aget", "astabilize"])
 def test_an_anyio_task_group_inside_an_async_cell(drive):
     anyio = pytest.importorskip("anyio", reason="anyio is installed with the test extras")
@@ -449,14 +424,6 @@ def test_an_anyio_task_group_inside_an_async_cell(drive):
 # -- (7) a loop closed under incr ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an event loop closed while incr async work is pending on it (a task awaiting "
-    "slow.aget(0) left pending, loop.close(), as a thread that owned the loop ending does) "
-    "pins that instance to the dead loop for good: a plain call leaks the internal "
-    "incr.errors._Suspend (a BaseException) to the user, and every later demand from any loop, "
-    "stabilize() included and even after its input changed, raises IncrError 'being computed on "
-    "another event loop'; rt._check() reports I6 for ever. incr/_aio.py (rt.inflight / the "
-    "work's loop): work whose loop is closed should be dropped (the instance stale, run again)"))
 def test_a_loop_closed_with_incr_work_pending_does_not_pin_the_instance():
     rt = incr.Runtime()
     x = rt.input("x", 1)
@@ -746,13 +713,6 @@ def _stubborn_node():
     return stubborn, log
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an async generator that swallows the CancelledError of Budget(max_seconds=) and returns "
-    "late: under a plain call (incr's own loop) its late candidate is ACCEPTED (status "
-    "'unvalidated'), where under await node.aget() and astabilize() the node ends "
-    "NotAccepted(reason='budget') as api.md says ('the node ends NotAccepted(reason=\"budget\")'; "
-    "'its late result is never used'). The sync driver (incr/_aio.py drive / llmnodes' deadline "
-    "path) should drop a result that arrives after the deadline, as the async drivers do"))
 def test_a_late_result_of_an_async_generator_that_ignored_the_deadline_is_never_used():
     rt = incr.Runtime()
     stubborn, log = _stubborn_node()
@@ -1229,14 +1189,6 @@ def test_asyncio_timeout_around_astabilize_leaves_the_trace_consistent():
     assert _cancel_astabilize_with(_asyncio_scope) == ([], [])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an anyio cancel scope (anyio.move_on_after, as FastAPI/Starlette code uses) that cancels "
-    "`await rt.astabilize()` leaves async work marked running after astabilize has returned "
-    "(rt._check(): 'I6: b() is marked running or verifying', a(2) too), which "
-    "asyncio.timeout at the same points does not: anyio cancels again at every await of the "
-    "cancelled task, so incr's wait for the orphaned work to unwind (incr/_aio.py do_works) is "
-    "itself cancelled and the pass returns with a task outliving it (CONCURRENCY.md rule 6). "
-    "The next pass recovers (values right); the wait should be shielded from re-cancellation"))
 def test_an_anyio_cancel_scope_around_astabilize_leaves_the_trace_consistent():
     assert anyio is not None, "anyio is installed with the test extras"
     broken, wrong = _cancel_astabilize_with(_AnyioScope)
