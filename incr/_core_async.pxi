@@ -80,6 +80,7 @@ cdef object _own_loop_now(object aio):
 cdef object _cur_tasks = None     # asyncio's loop -> current task (3.10, 3.11)
 cdef object _swap_task = None     # asyncio.tasks._swap_current_task (3.12+)
 cdef bint _tasks_known = False
+cdef bint _BODY_TASKS = False   # (off: a Ctrl-C sweep of incr/_aio.py hangs with it on; open)
 
 
 cdef object task_swap(object loop, object task):
@@ -141,9 +142,10 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         # the body is one incr._aio.BodyTask at every step (bound to the task that goes on
         # with the body if it has to wait), so asyncio.timeout, TaskGroup and anyio's cancel
         # scopes act on the body's run alone
-        body = aio.BodyTask(loop, coro)
-        prev = task_swap(loop, body)
-        swapped = True
+        if _BODY_TASKS:
+            body = aio.BodyTask(loop, coro)
+            prev = task_swap(loop, body)
+            swapped = True
         sent = PyIter_Send(coro, None, &res)
         y = <object>res              # (a new reference: given back below)
         Py_DECREF(y)
@@ -168,7 +170,9 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
     if suspended is not None:
         return aio.redo(rt, n, (<object>suspended).works)
     if sent == 0:                    # it returned y: recorded as a sync run is
-        if body._kept is None:
+        if body is None:
+            pass
+        elif body._kept is None:
             body._task = aio._DONE   # (the common case: nothing to hand on)
         else:
             body._finished()
