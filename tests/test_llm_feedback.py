@@ -50,9 +50,10 @@ def test_nack_current_revision_withdraws_node_and_readers_only(rt, log, story):
     with rt:
         obs = rt.observe(run_query, "r")
         rt.stabilize()
-        # B's generator ran ahead in a thread as far as its read of A (not computed yet),
-        # then again once A was: its model (gb) is called once
-        assert log.take() == ["C", "B", "C", "B", "A"]
+        # B's generator ran ahead in a thread as far as its read of A (not computed yet); A,
+        # the node it stopped at, is brought up to date between rounds, then B runs ahead
+        # again and C (the reader) runs once more: B's model (gb) is called once
+        assert log.take() == ["C", "B", "A", "C", "B", "C"]
         assert len(gb.calls) == 1
         assert rt.state(write_sql, "r").revision == 1
         rev0 = rt.revision
