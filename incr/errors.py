@@ -1,6 +1,13 @@
-"""The exceptions incr raises. All of them derive from :class:`IncrError`."""
+"""The exceptions incr raises. All of them derive from :class:`IncrError`.
+
+A leaf: this module imports nothing of incr. What Reject needs of the LLM package (the check
+of its arguments, the revision it rejects) is the hook ``_reject_args``, which incr.llmnodes
+sets when it loads (``import incr`` loads it).
+"""
 
 from __future__ import annotations
+
+_reject_args = None     # incr.llmnodes._reject_args
 
 
 class IncrError(Exception):
@@ -67,32 +74,17 @@ class Reject(IncrError):
 
     def __init__(self, node, *args, case: str = "rejected", counterexample=None,
                  message: str = ""):
-        from incr import llmnodes as _llm
-        if not isinstance(node, _llm.LLMNode):
-            what = ("a plain cell, which cannot generate again"
-                    if isinstance(node, _llm.Cell) else _llm._short(node))
-            raise TypeError(f"incr.Reject: the first argument must be the LLM node (@incr.llm) "
-                            f"whose candidate is wrong, got {what}; raise an ordinary exception "
-                            f"to fail a computation instead")
-        for name, value in (("case", case), ("counterexample", counterexample),
-                            ("message", message)):
-            problem = _llm._field_problem(name, value)
-            if problem is not None:
-                raise TypeError(f"incr.Reject: {problem}")
+        # the checks of the arguments, and the revision consumed and by whom (known now,
+        # while the rejecting computation runs): incr.llmnodes._reject_args
+        check = _reject_args
+        revision, by = (None, None) if check is None else check(node, args, case,
+                                                                  counterexample, message)
         self.node = node
         self.node_args = args
         self.case = case
         self.counterexample = counterexample
         self.message = message
-        # the revision consumed, and by whom: known now, while the rejecting computation runs
-        try:
-            from incr import llmnodes as _llm
-            from incr._core import current
-            self.revision = _llm._consumed(node, args)
-            running = current()._running()
-            self.by = None if running is None else running.label_text
-        except Exception:
-            self.revision, self.by = None, None
+        self.revision, self.by = revision, by
         label = getattr(node, "__qualname__", repr(node))
         super().__init__(f"{label}{args!r} rejected on case {case!r}"
                          + (f": {message}" if message else ""))
