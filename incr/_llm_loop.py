@@ -37,12 +37,14 @@ from typing import Any
 from incr import events
 from incr._core import current
 from incr.errors import NotAccepted, _Deferred
-from incr._llm_book import _DEFAULT_ATTEMPTS, _book, _emit
+from incr._llm_book import _book, _emit
 from incr._llm_calls import _Calls
-from incr._llm_ledger import _acked_by_revision, _attempt_of, _best, _cases, _decision, _verdicts_for
+from incr._llm_ledger import (_acked_by_revision, _attempt_of, _best, _cases, _decision,
+                              _verdicts_for)
 from incr._llm_report import FailureReport, _report
 from incr._llm_store import _audit, _node_of, _save
-from incr._llm_types import NACK, Candidate, _Attempt, _Node, _awaitable_problem, _fingerprint, _repeat_fp
+from incr._llm_types import (_DEFAULT_ATTEMPTS, NACK, Candidate, _Attempt, _Node,
+                             _awaitable_problem, _fingerprint, _repeat_fp)
 
 
 class _Loop(_Calls):

@@ -130,16 +130,12 @@ def _save(rt, inst, st: _Node, reads) -> None:
 
 def _pack_record(payload: dict) -> bytes:
     """A kind-2 record of the ``nodes`` database: header, checksum, msgpack map."""
-    from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC
-    import msgpack
     body = msgpack.packb(payload, use_bin_type=True)
     return HEADER.pack(MAGIC, FORMAT, KIND_NODE, len(body), _keys.checksum(body)) + body
 
 
 def _unpack_record(data: bytes) -> dict:
     """The map of a kind-2 record, everything checked first (ValueError otherwise)."""
-    from incr.store import FORMAT, HEADER, KIND_NODE, MAGIC, MAX_RECORD
-    import msgpack
     if len(data) < HEADER.size:
         raise ValueError("shorter than a header")
     magic, fmt, kind, length, crc = HEADER.unpack_from(data)
@@ -167,8 +163,6 @@ def _load(rt, inst) -> _Node | None:
     try:
         return _unpack_node(data, inst.label_text)
     except Exception as e:   # damaged or foreign: a miss, never a state
-        import warnings
-        from incr.store import DamagedRecordWarning
         warnings.warn(f"incr store: the saved state of {inst.label_text} is damaged ({e}); "
                       f"it starts afresh", DamagedRecordWarning, stacklevel=3)
         return None
@@ -353,8 +347,6 @@ def summaries(store) -> list[dict]:
 
 
 def msgpack_label(data: bytes) -> str:
-    import msgpack
-    from incr.store import HEADER
     p = msgpack.unpackb(data[HEADER.size:], raw=False, strict_map_key=True, ext_hook=_no_ext)
     lab = p.get("label")
     return lab if type(lab) is str else "?"

@@ -50,7 +50,8 @@ from incr._llm_loop import _Loop
 from incr._llm_types import ACK, UNKNOWN, Candidate, validator  # noqa: F401 -- re-exported
 from incr._llm_ledger import _evidence  # noqa: F401 -- re-exported
 from incr._llm_report import FailureReport  # noqa: F401 -- re-exported
-from incr._llm_store import _may_adopt, _unpack_node, audits, msgpack_label, summaries  # noqa: F401
+from incr._llm_store import _may_adopt, _unpack_node, msgpack_label  # noqa: F401 -- re-exported
+from incr._llm_store import audits, summaries  # noqa: F401 -- re-exported
 from incr._llm_calls import _transient  # noqa: F401 -- re-exported
 
 __all__ = ["ACK", "NACK", "UNKNOWN", "Acceptance", "Budget", "Candidate", "LLMNode",
