@@ -107,8 +107,13 @@ def drive(coro) -> Any:
                     raise KeyboardInterrupt() from None
             raise
     except BaseException:
-        # interrupted (Ctrl-C) or failed: no task of this call outlives it
+        # interrupted (Ctrl-C) or failed: no task of this call outlives it. (The loop has
+        # stopped, so no task of it is current: one still marked current -- an interrupt
+        # that kept a step from putting back the task it replaced -- would make the loop
+        # refuse to step every task below, and the settling would never end.)
         try:
+            if _current_task(loop) is not None:
+                _task_swap(loop, None)
             _settle(loop, [t for t in asyncio.all_tasks(loop) if not t.done()])
         except BaseException:
             pass          # (a second Ctrl-C while it unwinds: out at once)
@@ -367,26 +372,14 @@ _timeout = getattr(asyncio, "timeout", None)                    # 3.11+
 # An async cell's body runs from its first step to its last as one task: the first step is
 # taken by hand (the core's run_async: most bodies finish in it, with no task and no loop involved), the
 # rest in a task of incr's (Resume.go). What asyncio.current_task() returns in every step is
-# one BodyTask, made current around each step (_task_swap), which stands for the real task
+# one BodyTask, made current around each step (_core's _body_step), which stands for the real task
 # that goes on with the body once it has one (bound in Resume.go): asyncio.timeout, TaskGroup
 # and anyio's cancel scopes, bound to current_task() when entered, then cancel the body's run
 # and nothing else (never the task that demanded it).
 
 _current_task = asyncio.current_task
-_swap_current_task = getattr(asyncio.tasks, "_swap_current_task", None)    # 3.12+
-_current_tasks = asyncio.tasks._current_tasks   # loop -> its current task (3.10, 3.11)
-
-
-def _task_swap(loop, task):
-    """Make ``task`` the current task of ``loop`` (None: none); return the one it replaces."""
-    if _swap_current_task is not None:
-        return _swap_current_task(loop, task)
-    prev = _current_tasks.get(loop)
-    if task is not None:
-        _current_tasks[loop] = task
-    elif prev is not None:
-        del _current_tasks[loop]
-    return prev
+_task_swap = _core._task_swap     # make a task current on a loop (compiled: see _body_step)
+_body_step = _core._body_step     # one step of a body with its BodyTask current (compiled)
 
 
 _DONE = object()      # BodyTask._task of a body that finished in its first step
@@ -543,16 +536,15 @@ class _Stepper:
                 try:
                     token = tf.set(self.frames)   # tasks it spawns in this step read into its frame
                     try:
-                        # the body's task in every step (BodyTask), never the one stepping it
-                        task = _task_swap(body._loop, body) if body is not None else None
-                        try:
-                            if exc is None:
-                                y = coro.send(value)
-                            else:
-                                y = coro.throw(exc)
-                        finally:
-                            if body is not None:
-                                _task_swap(body._loop, task)
+                        if body is not None:
+                            # the body's task in every step (its BodyTask), never the one
+                            # stepping it: swapped in and back in C (no Ctrl-C lands between
+                            # the swap and its restore: the loop would refuse every task after)
+                            y = _body_step(body, coro, value, exc)
+                        elif exc is None:
+                            y = coro.send(value)
+                        else:
+                            y = coro.throw(exc)
                     finally:
                         tf.reset(token)
                 finally:

@@ -80,12 +80,14 @@ cdef object _own_loop_now(object aio):
 cdef object _cur_tasks = None     # asyncio's loop -> current task (3.10, 3.11)
 cdef object _swap_task = None     # asyncio.tasks._swap_current_task (3.12+)
 cdef bint _tasks_known = False
-cdef bint _BODY_TASKS = False   # (off: a Ctrl-C sweep of incr/_aio.py hangs with it on; open)
 
 
 cdef object task_swap(object loop, object task):
-    # make ``task`` the current task of ``loop`` (None: none); return the one it replaces
-    # (incr._aio._task_swap, here without a Python call: this is the first step's hot path)
+    # make ``task`` the current task of ``loop`` (None: none); return the one it replaces.
+    # C only, with no Python line in it: a Ctrl-C is taken only where Python code runs, so it
+    # never lands between a swap and what depends on it (the restore in a finally). One left
+    # current by an interrupt would make the loop refuse every task it steps after it
+    # ("Cannot enter into task ... while another task ... is being executed"): a hang.
     global _cur_tasks, _swap_task, _tasks_known
     if not _tasks_known:
         import asyncio.tasks as _t
@@ -101,6 +103,28 @@ cdef object task_swap(object loop, object task):
     elif prev is not None:
         del cur[loop]
     return prev
+
+
+def _task_swap(loop, task):
+    """Make ``task`` the current task of ``loop`` (None: none); return the one it replaces.
+    For incr._aio (drive: a loop whose run ended has no current task)."""
+    return task_swap(loop, task)
+
+
+def _body_step(object body, object coro, object value, object exc):
+    """One later step of an async body's coroutine (incr._aio._Stepper): ``coro.send(value)``,
+    or ``coro.throw(exc)``, with ``body`` (the body's incr._aio.BodyTask) the current task of
+    its loop for the length of the step and the stepping task current again after it,
+    whatever the step raises (StopIteration: it returned). Compiled so that no Ctrl-C can land
+    between the swap in and the try that swaps back (see task_swap)."""
+    cdef object loop = body._loop
+    cdef object prev = task_swap(loop, body)
+    try:
+        if exc is None:
+            return coro.send(value)
+        return coro.throw(exc)
+    finally:
+        task_swap(loop, prev)
 
 
 cdef bint run_async(Runtime rt, Instance n) except -1:
@@ -142,10 +166,9 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         # the body is one incr._aio.BodyTask at every step (bound to the task that goes on
         # with the body if it has to wait), so asyncio.timeout, TaskGroup and anyio's cancel
         # scopes act on the body's run alone
-        if _BODY_TASKS:
-            body = aio.BodyTask(loop, coro)
-            prev = task_swap(loop, body)
-            swapped = True
+        body = aio.BodyTask(loop, coro)
+        prev = task_swap(loop, body)   # (C from here to the try's end: no Ctrl-C lands
+        swapped = True                 # between the swap and the flag the finally reads)
         sent = PyIter_Send(coro, None, &res)
         y = <object>res              # (a new reference: given back below)
         Py_DECREF(y)

@@ -14,9 +14,6 @@ import pytest
 
 import incr
 
-pytestmark = pytest.mark.xfail(strict=True, reason=(
-    "open (issue 11): an async cell's body does not run as one task: its first step runs in the demanding task (or, under incr's own loop, in none), later steps in a task of incr's, so asyncio.timeout / TaskGroup / anyio scopes inside a body act on the wrong task. The fix is built (incr/_aio.py BodyTask, made current around the compiled first step by incr/_core_async.pxi when _BODY_TASKS is on) but switched off: with it on, the Ctrl-C sweep of incr/_aio.py (tests/test_aio_interrupts.py, stabilize, points ~87-92) hangs stabilize()"))
-
 DRIVES = ["sync", "aget", "astabilize"]
 
 

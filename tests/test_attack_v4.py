@@ -38,9 +38,6 @@ from incr.errors import IncrError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_BODY_TASK_OPEN = (
-    "open (issue 11): an async cell's body does not run as one task: its first step runs in the demanding task (or, under incr's own loop, in none), later steps in a task of incr's, so asyncio.timeout / TaskGroup / anyio scopes inside a body act on the wrong task. The fix is built (incr/_aio.py BodyTask, made current around the compiled first step by incr/_core_async.pxi when _BODY_TASKS is on) but switched off: with it on, the Ctrl-C sweep of incr/_aio.py (tests/test_aio_interrupts.py, stabilize, points ~87-92) hangs stabilize()")
-
 def _subprocess(code, timeout=60):
     """Run ``code`` in a fresh interpreter (a hang or a crash there is a finding, not a hung
     or crashed test run). Returns (returncode or "HANG", output)."""
@@ -321,7 +318,6 @@ def _async_cell_under(drive, cell):
     return asyncio.run(main())
 
 
-@pytest.mark.xfail(strict=True, reason=_BODY_TASK_OPEN)
 @pytest.mark.parametrize("drive", ["aget", "astabilize"])
 def test_asyncio_timeout_inside_an_async_cell_cancels_nothing_outside_it(drive):
     rt = incr.Runtime()
@@ -347,7 +343,6 @@ def test_asyncio_timeout_inside_an_async_cell_cancels_nothing_outside_it(drive):
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=_BODY_TASK_OPEN)
 @pytest.mark.parametrize("drive", ["aget", "astabilize"])
 def test_a_taskgroup_inside_an_async_cell_whose_child_fails_cancels_nothing_outside_it(drive):
     rt = incr.Runtime()
@@ -377,7 +372,6 @@ def test_a_taskgroup_inside_an_async_cell_whose_child_fails_cancels_nothing_outs
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=_BODY_TASK_OPEN)
 def test_asyncio_timeout_inside_an_async_cell_under_incrs_own_loop():
     rt = incr.Runtime()
 
@@ -399,7 +393,6 @@ def test_asyncio_timeout_inside_an_async_cell_under_incrs_own_loop():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=_BODY_TASK_OPEN)
 @pytest.mark.parametrize("drive", ["sync", "aget", "astabilize"])
 def test_an_anyio_task_group_inside_an_async_cell(drive):
     anyio = pytest.importorskip("anyio", reason="anyio is installed with the test extras")
