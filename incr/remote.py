@@ -143,6 +143,7 @@ class Ahead:
         self.reading = False        # worker threads are running generators now
         self.pending: list = []     # (node state, key, call) set aside by incr.llmnodes
         self.wanted: list = []      # nodes not up to date that stopped calls running ahead
+        self.idle = 0               # 1: the last round had nothing to run (ahead_round)
         self._local = threading.local()
         # executor runs: instance -> state
         self.tasks: dict = {}       # instance -> (given, keymap) waiting to be sent
