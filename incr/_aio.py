@@ -1144,6 +1144,8 @@ def _finished(rt, w, fut, _task=None) -> None:
     key = w.key
     if isinstance(w, Resume) and not w.settled:
         w.drop(rt)
+    elif getattr(w, "claim", False):
+        w.drop(rt)          # a detached run-ahead round's claim (incr.remote.RoundCall)
     if rt.inflight.get(key) is fut:
         del rt.inflight[key]
     _work.pop(fut, None)

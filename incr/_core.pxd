@@ -360,6 +360,7 @@ cdef bint ahead_open(Runtime rt) except -1
 cdef void ahead_round(Runtime rt, int rounds) except *
 cdef void ahead_wanted(Runtime rt) except *   # what stopped calls running ahead, first
 cdef void ahead_close(Runtime rt)
+cdef object ahead_detach(Runtime rt, int rounds)   # inside a running loop: the round's claims
 cdef int ahead_ship(Runtime rt, Instance m, list stack) except -1   # an executor
 cdef object lend_pass(Runtime rt, list todo)       # a pass lends its ready observed instances
 cdef object lend_open(Runtime rt, list jobs, bint thunks)

@@ -11,11 +11,23 @@
 # Contract:
 #   - only between ahead_start/ahead_open and ahead_close is rt.prefetch set and may any
 #     instance be F_AHEAD; ahead_round and ahead_close clear every F_AHEAD mark, so outside a
-#     pass none is set (I6);
+#     pass none is set (I6); the one exception to the first: a detached round in flight
+#     (below) keeps its Ahead as rt.prefetch, collecting nothing, until its last claim ends;
+#   - inside a running loop (astabilize) a round is detached, not waited for on the loop's
+#     thread (ahead_detach, incr.remote.Ahead.detach): its calls start in worker threads and
+#     the pass unwinds (_Suspend) with one claim per instance (RoundCall), registered in
+#     rt.inflight under the instance by incr._aio.do_works; a claimed instance is marked
+#     F_RUNNING, so a demand from another task, or a reader's walk, waits for the claim (the
+#     call is made once: single flight) and a wait chain that reaches the waiter is a
+#     CycleError (incr._aio._check_cycle); astabilize awaits the claims with the loop
+#     running and passes again, taking their outcomes;
 #   - an instance marked F_AHEAD keeps its value, dependencies and stamps; nothing hands its
 #     old value out (ensure raises _Deferred), and whatever reads it is marked and waits;
+#   - an instance is listed in rt.ahead_marked when it is marked F_AHEAD (not later: a walk
+#     unwound by an exception in between would leave a mark no round clears);
 #   - a round runs everything handed over at once; after 32 rounds, or when nothing could run,
-#     the Ahead is stopped and the rest of the pass is serial.
+#     the Ahead is stopped and the rest of the pass is serial; a second round in a row with
+#     nothing to run (no progress) raises an internal IncrError instead of looping.
 # The threads, the executor and the replay of logged reads are incr.remote's.
 
 
@@ -36,10 +48,19 @@ cdef inline void ahead_clear(Runtime rt):
 
 
 cdef void ahead_start(Runtime rt) except *:
-    # a stabilize pass begins: it runs work ahead if anything could
+    # a stabilize pass begins: it runs work ahead if anything could. While an earlier pass's
+    # detached round is in flight (its Ahead is rt.prefetch: its workers read through it), a
+    # pass inside a running loop waits for that round (its claims), and any other runs
+    # beside it, serially, on that Ahead (which sets nothing aside any more)
+    pf = rt.prefetch
+    if pf is not None and pf.detached:
+        if rt.catching and _loop_running():
+            raise _Suspend(list(pf.detached))
+        return
     if ahead_possible(rt):
         from incr import remote as _remote
         rt.prefetch = _remote.Ahead(rt)
+        rt.prefetch.carry()      # what the last detached round left: wanted nodes, or serial
     if rt.ahead_marked:
         rt.ahead_marked = []
 
@@ -55,12 +76,30 @@ cdef bint ahead_open(Runtime rt) except -1:
 
 cdef void ahead_round(Runtime rt, int rounds) except *:
     # between rounds: unmark, run what was handed over concurrently (the pass or gather then
-    # runs again and takes the results)
+    # runs again and takes the results). After 32 rounds, or a round with nothing to run,
+    # the Ahead is stopped and the rest is serial; a serial round sets nothing aside, so a
+    # second round in a row with nothing to run would be the same round again, for good
+    # (a mark no round clears: seed 61 of tests/test_async_properties.py): an internal
+    # error naming what waits, never a loop without end
+    pf = rt.prefetch
+    if pf is None:
+        raise IncrError("incr: internal error: work waits to run ahead with no run-ahead "
+                        "open (please report it)")
+    waiting = [(<Instance>m).label() for m in rt.ahead_marked] if pf.idle else None
     ahead_clear(rt)
-    if not rt.prefetch.run() or rounds > 32:
-        rt.prefetch.stop()      # nothing to run ahead: the next round is serial
-    elif rt.prefetch.wanted:
-        ahead_wanted(rt)
+    if pf.run():
+        pf.idle = 0
+        if rounds > 32:
+            pf.stop()           # the next round is serial
+        elif pf.wanted:
+            ahead_wanted(rt)
+        return
+    if waiting is not None:
+        raise IncrError(f"incr: internal error: a serial round still waits for run-ahead "
+                        f"work that nothing runs ({', '.join(waiting[:5]) or 'no instance listed'}"
+                        f"); please report it")
+    pf.idle = 1
+    pf.stop()                   # nothing to run ahead: the next round is serial
 
 
 cdef void ahead_wanted(Runtime rt) except *:
@@ -104,9 +143,39 @@ cdef void ahead_wanted(Runtime rt) except *:
 
 
 cdef void ahead_close(Runtime rt):
-    # the pass or gather ends (normally or not)
-    rt.prefetch = None
+    # the pass or gather ends (normally or not); a detached round in flight keeps its Ahead
+    # (its workers read through rt.prefetch) until its last claim ends (RoundCall.drop)
+    if rt.prefetch is not None and rt.prefetch.detached:
+        pass
+    else:
+        rt.prefetch = None
     ahead_clear(rt)
+
+
+cdef object ahead_detach(Runtime rt, int rounds):
+    # stabilize_pass, a round due inside a running loop (await rt.astabilize()): the calls
+    # set aside start in worker threads now and the pass unwinds with their claims
+    # (_Suspend), which astabilize awaits with the loop running, then passes again -- the
+    # next pass takes their outcomes as after a round. None: the round is run here (no
+    # loop, an executor, a demand's or gather's rounds, calls stopped at reads to bring up
+    # to date first, more than 32 rounds)
+    pf = rt.prefetch
+    if rounds > 32 or not rt.catching or rt.frames or rt.executor is not None \
+            or rt.demand_ahead or rt.gathering or not _loop_running() or pf is None \
+            or not pf.collecting or not pf.pending or pf.tasks or pf.wanted or pf.detached:
+        return None
+    return pf.detach()
+
+
+def _round_claim(Runtime rt, Instance n, bint on):
+    """incr.remote.RoundCall: n's calls are in flight in a detached round (on), or no longer
+    (off). Claimed, n is marked running, as an async run in flight is (its key in
+    rt.inflight): a demand from another task waits for the claim (elsewhere()), a reader's
+    walk too, so the call is made once."""
+    if on:
+        n.flags |= F_RUNNING
+    else:
+        n.flags &= ~F_RUNNING
 
 
 cdef int ahead_ship(Runtime rt, Instance m, list stack) except -1:

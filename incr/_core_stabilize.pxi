@@ -63,6 +63,8 @@ cdef object stabilize_pass(Runtime rt):
     lending = None
     try:
         ahead_start(rt)    # inside the try: an interrupt while it sets up still ends the pass
+        if rt.prefetch is not None and rt.prefetch.wanted:
+            ahead_wanted(rt)   # what the calls of a detached round stopped at, first
         while True:
             ahead = False
             # two or more observed instances that could run now: all but the first run in
@@ -103,6 +105,14 @@ cdef object stabilize_pass(Runtime rt):
                 # concurrently; then the pass runs again and takes their results
                 # (replaying what they read)
                 rounds += 1
+                works = ahead_detach(rt, rounds)
+                if works is not None:
+                    # inside a running loop: the calls run in worker threads while the loop
+                    # runs; the pass stops here, rt.astabilize awaits their claims, then
+                    # passes again and takes their outcomes (_core_schedule.pxi)
+                    s = _Suspend(works)
+                    s.log = log
+                    raise s
                 ahead_round(rt, rounds)
                 errors = None
                 rt.failed.clear()

@@ -131,8 +131,13 @@ cdef object ensure(Runtime rt, Instance n):
                         # the scan goes on, so that independent work after it runs ahead
                         # together (model calls at once, cells shipped together); a
                         # dependency known to have changed still stops it below (Salsa's
-                        # order: m's new run may no longer read what comes after)
-                        m.flags |= F_AHEAD
+                        # order: m's new run may no longer read what comes after).
+                        # m is listed in rt.ahead_marked as it is marked, not when its scan
+                        # ends: a walk unwound before that (async work, _Suspend) would
+                        # leave a mark no round clears (seed 61: the pass looped for good)
+                        if not (m.flags & F_AHEAD):
+                            m.flags |= F_AHEAD
+                            rt.ahead_marked.append(m)
                         if rt.demand_ahead == 2 and not ahead_wait(rt, m, d):
                             break
                         i += 1
@@ -169,7 +174,7 @@ cdef object ensure(Runtime rt, Instance n):
                 if pushed:
                     continue
                 if m.flags & F_AHEAD:
-                    rt.ahead_marked.append(m)   # waits: neither run nor verified now
+                    pass        # waits: neither run nor verified now (listed when marked)
                 elif must_run:
                     m.flags &= ~F_MUST_RUN
                     if attempt(rt, m, stack) == PUSHED:

@@ -22,8 +22,10 @@ connection) makes the cell run locally instead, with one ``RuntimeWarning``.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import threading
+import weakref
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -143,6 +145,11 @@ class Ahead:
         self.reading = False        # worker threads are running generators now
         self.pending: list = []     # (node state, key, call) set aside by incr.llmnodes
         self.wanted: list = []      # nodes not up to date that stopped calls running ahead
+        self.idle = 0               # 1: the last round had nothing to run (ahead_round)
+        # a round detached from its pass inside a running loop (astabilize): its claims
+        # (RoundCall, one per instance) while their calls are in flight in worker threads
+        self.detached: list = []
+        self.pool = None
         self._local = threading.local()
         # executor runs: instance -> state
         self.tasks: dict = {}       # instance -> (given, keymap) waiting to be sent
@@ -162,7 +169,8 @@ class Ahead:
         """Set ``call`` (no arguments) aside; its outcome goes to ``st.prefetched[key]``.
         Past ``deadline`` (time.monotonic()) it is not waited for: its outcome is
         incr.errors._OutOfTime, and whatever it returns later is never used."""
-        self.pending.append((st, key, call, deadline))
+        # (the instance whose run set it aside: a detached round claims it, RoundCall)
+        self.pending.append((st, key, call, deadline, self.rt._running()))
 
     def is_worker(self) -> bool:
         """True in a worker thread running a call set aside (not in any other thread)."""
@@ -341,33 +349,51 @@ class Ahead:
                    f"this process instead")
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
+    def _call(self, item):
+        """In a worker thread: make one call set aside, its reads logged. Returns (item,
+        (outcome, reads, seconds), None), or (item, None, node) when it stopped at a read of
+        a node not up to date (the driver may bring it up to date: wanted), or (item, None,
+        None) when it could not run ahead at all (the serial pass makes it)."""
+        fn = item[2]
+        loc = self._local
+        loc.log = []
+        loc.stopped = None
+        t0 = time.monotonic()
+        try:
+            out = fn()
+        except _Deferred:
+            # it read something not up to date: the driver brings that up to date
+            # (ahead_wanted) and the call runs ahead again; else, the serial pass
+            return item, None, loc.stopped
+        except BaseException as e:        # kept, raised by the serial pass as if called there
+            out = e
+        finally:
+            reads, loc.log = loc.log, None
+            loc.stopped = None
+        return item, (out, reads, time.monotonic() - t0), None
+
+    def _outcomes(self, results) -> tuple:
+        """Where the calls' outcomes go (st.prefetched); returns (stopped at a read: the
+        nodes wanted, or None when some call could not run ahead at all)."""
+        wanted = []
+        serial = False
+        for item, ahead, stopped in results:
+            st, key = item[0], item[1]
+            if ahead is not None:
+                st.prefetched[key] = ahead
+            elif stopped is None:
+                serial = True
+            elif stopped not in wanted:
+                wanted.append(stopped)
+        return None if serial else wanted
+
     def _generate(self, todo) -> None:
         workers = self.rt.max_workers or 4
-
-        def call(item):
-            st, key, fn, _deadline = item
-            loc = self._local
-            loc.log = []
-            loc.stopped = None
-            t0 = time.monotonic()
-            try:
-                out = fn()
-            except _Deferred:
-                # it read something not up to date: the driver brings that up to date
-                # (ahead_wanted) and the call runs ahead again; else, the serial pass
-                return item, None, loc.stopped
-            except BaseException as e:        # kept, raised by the serial pass as if called there
-                out = e
-            finally:
-                reads, loc.log = loc.log, None
-                loc.stopped = None
-            return item, (out, reads, time.monotonic() - t0), None
-
         self.reading = True
         pool = ThreadPoolExecutor(max_workers=min(workers, len(todo)),
                                   thread_name_prefix="incr-generate")
         try:
-            futures = [pool.submit(contextvars.copy_context().run, call, item)
+            futures = [pool.submit(contextvars.copy_context().run, self._call, item)
                        for item in todo]
             results = []
             for f, item in zip(futures, todo):
@@ -381,16 +407,119 @@ class Ahead:
         finally:
             self.reading = False
             pool.shutdown(wait=False, cancel_futures=True)
-        wanted = []
-        for (st, key, _fn, _dl), ahead, stopped in results:
-            if ahead is not None:
-                st.prefetched[key] = ahead
-            elif stopped is None:
-                self.collecting = False       # what could not run ahead runs in the serial pass
-            elif stopped not in wanted:
-                wanted.append(stopped)
-        if self.collecting:
+        wanted = self._outcomes(results)
+        if wanted is None:
+            self.collecting = False           # what could not run ahead runs in the serial pass
+        elif self.collecting:
             self.wanted = wanted              # brought up to date by ahead_round (the engine)
+
+    # -- a round detached from its pass (inside a running event loop) -----------------------
+
+    def detach(self):
+        """The pass's round, inside ``await rt.astabilize()``: instead of waiting for the
+        calls set aside on the loop's thread, start them in worker threads now and return one
+        claim per instance (RoundCall), for the pass to unwind with (_Suspend): astabilize
+        awaits them with the loop running, registered in rt.inflight as any async work, and
+        passes again. Each claimed instance is marked running while its calls are in flight
+        (as an async run in flight is), so another task that demands it waits for the claim
+        instead of making the same call again (single flight). None (nothing started) when
+        a call has no instance to claim."""
+        from incr import _core
+        items = self.pending
+        groups: dict = {}
+        for item in items:
+            if item[4] is None:
+                return None
+            groups.setdefault(item[4], []).append(item)
+        self.pending = []
+        self.collecting = False       # nothing more is set aside on this Ahead
+        self.reading = True           # its workers' reads are logged until the last claim ends
+        workers = self.rt.max_workers or 4
+        pool = self.pool = ThreadPoolExecutor(max_workers=min(workers, len(items)),
+                                              thread_name_prefix="incr-generate")
+        works = []
+        for inst, its in groups.items():
+            futs = [pool.submit(contextvars.copy_context().run, self._call, item)
+                    for item in its]
+            _core._round_claim(self.rt, inst, True)
+            works.append(RoundCall(self, inst, its, futs))
+        self.detached = list(works)
+        return works
+
+    def carry(self) -> None:
+        """A pass begins: what the last detached round of this runtime left for it -- the
+        nodes its calls stopped at (brought up to date first: ahead_wanted), or that some
+        call could not run ahead at all (this pass is serial, as the round's own pass would
+        have been)."""
+        left = _carried.pop(self.rt, None)
+        if left is None:
+            return
+        if left[0]:
+            self.collecting = False
+        elif left[1]:
+            self.wanted = list(left[1])
+
+
+_carried: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # rt -> (serial, wanted)
+
+
+class RoundCall:
+    """One instance's calls of a detached round (Ahead.detach): work for incr._aio.do_works,
+    keyed by the instance (rt.inflight), so that a second demander waits on it. ``drop``
+    ends the claim (when its calls are done, cancelled, or the work is abandoned)."""
+
+    __slots__ = ("ahead", "inst", "items", "futs", "key", "claimed")
+    claim = True
+
+    def __init__(self, ahead, inst, items, futs):
+        self.ahead = ahead
+        self.inst = inst
+        self.items = items
+        self.futs = futs
+        self.key = inst
+        self.claimed = True
+
+    async def do(self, rt) -> None:
+        try:
+            results = []
+            for f, item in zip(self.futs, self.items):
+                w = asyncio.wrap_future(f)
+                deadline = item[3]
+                if deadline is None:
+                    results.append(await w)
+                    continue
+                done, _ = await asyncio.wait([w], timeout=max(0.0, deadline - time.monotonic()))
+                if done:
+                    results.append(w.result())
+                else:   # Budget(max_seconds) ran out with the call in flight: abandoned
+                    w.cancel()
+                    results.append((item, (_OutOfTime(), [], time.monotonic()), None))
+            wanted = self.ahead._outcomes(results)
+            serial, prev = wanted is None, _carried.get(rt)
+            if prev is not None:
+                serial = serial or prev[0]
+                wanted = (prev[1] or []) + [n for n in (wanted or ()) if n not in prev[1]]
+            if serial or wanted:
+                _carried[rt] = (serial, wanted or [])
+        finally:
+            self.drop(rt)
+
+    def drop(self, rt) -> None:
+        if not self.claimed:
+            return
+        self.claimed = False
+        from incr import _core
+        _core._round_claim(rt, self.inst, False)
+        a = self.ahead
+        if self in a.detached:
+            a.detached.remove(self)
+        if not a.detached:
+            a.reading = bool(a.lendings)
+            if a.pool is not None:
+                a.pool.shutdown(wait=False, cancel_futures=True)
+                a.pool = None
+            if rt.prefetch is a and not a.lendings:
+                rt.prefetch = None
 
 
 # -- lending: plain sync cells in worker threads (_core_schedule.pxi) ------------------------
@@ -548,8 +677,8 @@ class _Lending:
                         ahead.lent_done.pop(m, None)
             if self in ahead.lendings:
                 ahead.lendings.remove(self)
-            if not ahead.lendings:
-                ahead.reading = False
+            if not ahead.lendings and not ahead.detached:
+                ahead.reading = False     # (a detached round's workers still read: RoundCall)
 
 
 def _lend(self, jobs, thunks: bool, own: bool) -> _Lending:

@@ -470,16 +470,12 @@ def test_other_threads_get_their_own_loop_and_the_one_thread_rule_holds():
     assert out == {0: 0, 1: 1, 2: 2}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open (issue 11, item 2): inside `await rt.astabilize()` the run-ahead round of sync LLM "
-    "generators (incr.remote.Ahead.run, called by the pass's ahead_round) waits for its "
-    "worker threads on the loop's thread, so the loop is blocked while they run. The fix "
-    "needs the pass's Ahead kept open across an unwinding (the round awaited through "
-    "asyncio.wrap_future, contexts copied), in remote.py and _core_schedule.pxi"))
 def test_a_sync_generator_run_ahead_in_astabilize_leaves_the_loop_running():
     """Two observed sync LLM nodes, whose generators (in worker threads) wait until another
     task on the same loop has run. Proven with an event, not a timing: the generators give
-    up (raise) after 3 s if the loop never ran the other task."""
+    up (raise) after 3 s if the loop never ran the other task. (Issue 11: the round used to
+    wait for its worker threads on the loop's thread; it is now detached from the pass and
+    awaited by astabilize: ahead_detach, incr.remote.Ahead.detach.)"""
     rt = incr.Runtime(max_workers=4)
     ticked = threading.Event()
 
@@ -503,6 +499,68 @@ def test_a_sync_generator_run_ahead_in_astabilize_leaves_the_loop_running():
 
     asyncio.run(main())
     assert [o.value for o in obs] == [0, 1]
+    rt._check()
+
+
+@pytest.mark.parametrize("how", ["aget", "reader"])
+def test_a_call_a_detached_round_has_in_flight_is_not_made_again_for_another_task(how):
+    """Single flight across a detached run-ahead round: inside ``await rt.astabilize()`` the
+    round has g(0)'s generator call in flight in a worker thread (the loop running); another
+    task demands g(0) meanwhile -- directly (``g.aget(0)``) or through a sync cell that reads
+    it. It waits for the round's claim on g(0) and takes the call's outcome: the generator
+    ran once per instance. (The attempt that awaited the round without registering it made
+    the call a second time for the other task.) No timing: the first call of g(0) waits for
+    an event that the other task sets only once its demand is under way; a second call
+    returns at once, and is counted."""
+    rt = incr.Runtime(max_workers=4)
+    started = threading.Event()
+    release = threading.Event()
+    calls = {0: 0, 1: 0}
+    lock = threading.Lock()
+
+    @incr.llm(version="1")
+    def g(k, *, previous=None, feedback=()):
+        with lock:
+            calls[k] += 1
+            first = calls[k] == 1
+        if first and k == 0:
+            started.set()
+            if not release.wait(5):
+                raise RuntimeError("the other task never ran")
+        return k * 10
+
+    @incr.cell
+    def reader():
+        return g(0) + 1
+
+    obs = [rt.observe(g, k) for k in range(2)]
+
+    async def other():
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, started.wait, 5)
+        if how == "aget":
+            t = loop.create_task(g.aget(0))
+        else:
+            t = loop.create_task(reader.aget())
+        for _ in range(5):
+            await asyncio.sleep(0)      # the demand runs, and waits on the claim
+        assert not t.done()
+        release.set()
+        return await t
+
+    async def main():
+        with rt:
+            t = asyncio.get_running_loop().create_task(other())
+            try:
+                await rt.astabilize()
+            finally:
+                got = await t
+        return got
+
+    got = asyncio.run(main())
+    assert got == (0 if how == "aget" else 1)
+    assert calls == {0: 1, 1: 1}, calls
+    assert [o.value for o in obs] == [0, 10]
     rt._check()
 
 

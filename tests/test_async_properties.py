@@ -1396,9 +1396,14 @@ def test_a_gather_thunk_in_a_worker_calling_an_async_cell_while_the_driver_is_in
 # stopped: "the next round is serial"), yet every round again finds something waiting to
 # run ahead (a _Deferred or rt.ahead_marked), and nothing bounds the loop. (At the 2000th
 # round rt._check() shows only the observed n6() -- a sync LLM node reading n4, n1 and an
-# input -- stale and not queued, as mid-pass.) Not a halt-path bug (no halt in it); the
-# scheduler's (incr/_core_schedule.pxi, _core_stabilize.pxi). Run in a child with a time
-# limit, so that the hang fails this test instead of ending the suite.
+# input -- stale and not queued, as mid-pass.) The cause (fixed): ensure() marked a reader
+# F_AHEAD when its scan met a dependency running ahead, but listed it in rt.ahead_marked only
+# when the scan ended; a later dependency's run that unwound for async work (_Suspend) left
+# the mark unlisted, so no round or pass end cleared it, and every round of every later pass
+# found the observed n6 still "running ahead" with nothing to run. It is now listed as it is
+# marked (incr/_core_verify.pxi), and a second round in a row with nothing to run is an
+# internal IncrError, never a loop (ahead_round, incr/_core_schedule.pxi). Run in a child with
+# a time limit, so that a hang fails this test instead of ending the suite.
 _SEED61 = """
 import sys
 sys.path.insert(0, "tests")
@@ -1526,10 +1531,6 @@ state.teardown()
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open (issue 11): a stabilize() driven by astabilize livelocks in its run-ahead rounds "
-    "(stabilize_pass calls ahead_round without end after rt.prefetch.stop()); found by the "
-    "async-vs-serial machine at seed 61, 300 examples; the scheduler's, not fixed here"))
 def test_seed61_program_ends(tmp_path):
     import subprocess
     import sys as _sys
