@@ -66,6 +66,7 @@ cdef class Runtime:
         self.report_log = None
         self.batch_depth = 0
         self.batch_bumped = False
+        self.collecting = None
         self.stabilizing = False
         self.closed = False
         self.store = None
@@ -143,10 +144,62 @@ cdef class Runtime:
         """A context manager: every ``set`` inside it forms one revision.
 
         A batch is not a transaction: if its body raises, the sets made before the exception
-        stay (as one revision).
+        stay (as one revision). Opened in a thread while another thread's pass runs, it
+        collects its sets instead (its body still reads the old values) and applies them,
+        as one revision, when it closes: after that pass, if it is still running (the
+        pass never sees any of them). Such a batch whose body raises applies nothing.
         """
         check_usable(self)
         return _Batch(self)
+
+    def _batch_open(self):
+        """rt.batch()'s __enter__: this thread's collecting batch nests; a batch opened
+        while another thread's pass runs collects (rt.collecting); else the sets are made
+        at once inside _batch_enter's batch."""
+        cdef unsigned long me = PyThread_get_thread_ident()
+        st = None if self.collecting is None else self.collecting.get(me)
+        if st is not None:
+            (<list>(<list>st)[1]).append(len(<list>(<list>st)[0]))   # a nested batch's mark
+            return
+        if (deferring(self) and not self.closed
+                and not (self.prefetch is not None and self.prefetch.is_worker())):
+            # (nothing calls out between the test and the claim: no pass slips in)
+            if self.collecting is None:
+                self.collecting = {}
+            self.collecting[me] = [[], [0]]
+            return
+        self._batch_enter()
+
+    def _batch_close(self, bint raised):
+        """rt.batch()'s __exit__: a collecting batch that raised drops what it collected
+        since it opened; the outermost one applies the rest as one revision, queued after
+        another thread's pass if one runs, else now with the runtime claimed (enter)."""
+        cdef unsigned long me = PyThread_get_thread_ident()
+        st = None if self.collecting is None else self.collecting.get(me)
+        if st is None:
+            self._batch_exit()
+            return
+        cdef list items = <list>(<list>st)[0]
+        cdef list marks = <list>(<list>st)[1]
+        cdef Py_ssize_t mark = marks.pop()
+        if raised:
+            del items[mark:]
+        if marks:
+            return
+        del self.collecting[me]
+        if not self.collecting:
+            self.collecting = None
+        if not items or self.closed:
+            return
+        op = _BatchOp(self, items)
+        if deferring(self):
+            self.pending_sets.append((None, op))   # (no call out since the test)
+            return
+        enter(self)
+        try:
+            apply_batch(self, items, False)
+        finally:
+            leave(self)
 
     def _batch_enter(self):
         if self.frames:
@@ -646,3 +699,44 @@ cdef class Runtime:
             h = value_hash(self, d) if d.flags & F_HAS_VALUE else b""
             out.append((_node_label(d), d.changed_rev, h or None))
         return out
+
+
+cdef void apply_batch(Runtime rt, list items, bint warn) except *:
+    # A collecting batch's sets (and input maps' operations), as one revision of their own:
+    # the batch counters of the runtime are set aside meanwhile (a batch open in another
+    # thread does not absorb them). With warn (after another thread's pass: nobody to raise
+    # to), a set that raises (its value's __eq__) is a RuntimeWarning and the rest are made.
+    cdef int depth = rt.batch_depth
+    cdef bint bumped = rt.batch_bumped
+    cdef long long rev = rt.revision
+    rt.batch_depth = 1
+    rt.batch_bumped = False
+    try:
+        for inp, value in items:
+            try:
+                if inp is None:
+                    value()
+                else:
+                    apply_set(rt, <Input>inp, value)
+            except Exception as e:
+                if not warn:
+                    raise
+                what = "a change" if inp is None else f"input {(<Input>inp).name!r}"
+                _warnings.warn(f"incr: {what} of a batch made during the pass could not be "
+                               f"made after it ({e!r}); make it again", RuntimeWarning)
+    finally:
+        rt.batch_depth = depth
+        # a batch still open in another thread moves to a revision of its own at its next set
+        rt.batch_bumped = bumped and rt.revision == rev
+
+
+class _BatchOp:
+    """A collecting batch's sets, queued in rt.pending_sets as one operation."""
+    __slots__ = ("rt", "items")
+
+    def __init__(self, rt, items):
+        self.rt = rt
+        self.items = items
+
+    def __call__(self):
+        apply_batch(self.rt, self.items, True)
