@@ -740,3 +740,68 @@ class _BatchOp:
 
     def __call__(self):
         apply_batch(self.rt, self.items, True)
+
+
+cdef list cycle_labels(Runtime rt, Instance n, list stack, Instance m):
+    # The labels of the cycle n -> ... -> n when n, on the stack, is demanded again: by the
+    # innermost running frame (demand_cold: stack and m None), or as a dependency of m, the
+    # top of ensure()'s verification ``stack`` (_core_verify.pxi). Walked forward from n: a
+    # frame's node goes on to what it demanded (the next frame's node, through the
+    # verification walk that frame started: its last reads, then walk_at), a node being
+    # verified to the dependency it pushed (deps[walk_at]), the innermost frame to
+    # ``stack``. None when the chain cannot be followed (the caller says less).
+    cdef list frames = rt.frames
+    cdef Py_ssize_t i, j, k, nf = len(frames)
+    cdef Instance cur = n, end, x
+    cdef list path = [n]
+    cdef set seen = {n}
+    cdef object nxt
+    if m is not None:
+        end = m
+    elif nf:
+        end = (<Frame>frames[nf - 1]).node
+    else:
+        return None
+    while cur is not end:
+        if stack is not None:
+            for k in range(len(stack)):
+                if stack[k] is cur:
+                    path.extend(stack[k + 1:])
+                    cur = end
+                    break
+            if cur is end:
+                break
+        i = -1
+        for j in range(nf - 1, -1, -1):
+            if (<Frame>frames[j]).node is cur:
+                i = j
+                break
+        nxt = None
+        if i == nf - 1:
+            if not stack:
+                return None
+            nxt = stack[0]
+        elif i >= 0:
+            target = (<Frame>frames[i + 1]).node
+            reads = (<Frame>frames[i]).reads
+            for k in range(len(reads) - 1, -1, -1):
+                x = reads[k] if isinstance(reads[k], Instance) else None
+                if x is None:
+                    continue
+                if x is target:
+                    nxt = x
+                    break
+                if x.flags & F_VERIFYING:
+                    nxt = x
+                    break
+        elif cur.flags & F_VERIFYING and 0 <= cur.walk_at < len(cur.deps):
+            nxt = cur.deps[cur.walk_at]
+        if nxt is None or not isinstance(nxt, Instance) or nxt in seen:
+            return None
+        if not ((<Instance>nxt).flags & (F_VERIFYING | F_RUNNING)):
+            return None
+        cur = <Instance>nxt
+        seen.add(cur)
+        path.append(cur)
+    path.append(n)
+    return [(<Instance>x).label() for x in path]
