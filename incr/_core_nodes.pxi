@@ -540,7 +540,7 @@ cdef class Stabilization:
     # (a compiled class: the pass fills its fields without a Python call; _report())
 
     def __init__(self, log, reused, seconds, revision):
-        self._log = log            # (instance, action) in run order
+        self._log = log            # instance, action, instance, action ... in run order
         self._labels = None
         self.reused = reused
         self.seconds = seconds
@@ -548,7 +548,9 @@ cdef class Stabilization:
 
     def _of(self, want):
         if self._labels is None:
-            self._labels = [((<Instance>n).label(), a) for n, a in self._log]
+            log = self._log
+            self._labels = [((<Instance>log[i]).label(), log[i + 1])
+                            for i in range(0, len(log) - 1, 2)]
         return [lab for lab, a in self._labels if want(a)]
 
     @property
