@@ -42,11 +42,17 @@ Workloads (each op is one change or one demand, as named):
             the same flat loop, 1,000 calls per op (x a global); per call
   plain0    the baseline of flat0: 1,000 zero-argument plain functions, one call each; per call
   lru       the baseline of hit: an functools.lru_cache hit, called as hit calls leaf(7)
+  mapsum    one changed key of a 10^4-key input map observed through ``m.map(f).sum()`` (f a
+            plain function), outside ``with rt:`` as benchmarks/collections.py does it:
+            m.set(key, v), rt.stabilize(), read the observer's value; per change
+  coldcell  the cold build of a map with an incr cell per key: a new runtime, an input map of
+            2,000 keys, ``m.map(cell).sum()`` observed, the first rt.stabilize(); per instance
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -58,16 +64,18 @@ import tempfile
 import time
 
 WORKLOADS = ("chain", "hit", "cutoff", "tree", "noop", "stab1", "chainstab", "async", "flat1",
-             "flat0", "plain1", "plain0", "lru")
+             "flat0", "plain1", "plain0", "lru", "mapsum", "coldcell")
+NO_WITH = ("mapsum", "coldcell")     # measured outside ``with rt:``
+COLD = 2000
 FLAT = 1000
 # operations measured per workload: enough that the per-op count settles, few enough for
 # callgrind (about 50x slower than native) to take seconds
 OPS_CALLGRIND = {"chain": 100, "hit": 20, "cutoff": 200, "tree": 2000, "noop": 2000,
                  "stab1": 2000, "chainstab": 100, "async": 20, "flat1": 100, "flat0": 100, "plain1": 100,
-                 "plain0": 100, "lru": 20}
+                 "plain0": 100, "lru": 20, "mapsum": 3000, "coldcell": 5}
 OPS_TIME = {"chain": 300, "hit": 60, "cutoff": 1000, "tree": 20000, "noop": 20000,
             "stab1": 20000, "chainstab": 300, "async": 100, "flat1": 1000, "flat0": 1000, "plain1": 3000,
-            "plain0": 3000, "lru": 60}
+            "plain0": 3000, "lru": 60, "mapsum": 20000, "coldcell": 30}
 HIT_CALLS = 10_000
 
 _HELPER_SRC = r"""
@@ -122,6 +130,10 @@ def _chain(incr, rt, x, n, first, is_async=False):
         for c in cells:     # bottom up: no deep recursion on the first computation
             c()
     return prev
+
+
+def _mf(k, v):
+    return v * 2
 
 
 def setup(name: str):
@@ -265,12 +277,38 @@ def setup(name: str):
                 leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7); leaf(7)  # noqa: E501,E702
         leaf(7)
         return rt, op
+    if name == "mapsum":
+        n = 10_000
+        m = incr.input_map(rt, "m", {i: i for i in range(n)})
+        ob = rt.observe(m.map(_mf).sum())
+        rt.stabilize()
+
+        def op(k):
+            m.set((k * 7919) % n, k)
+            rt.stabilize()
+            ob.value
+        return rt, op
+    if name == "coldcell":
+        @incr.cell
+        def fc(k, v):
+            return v * 2
+
+        init = {i: i for i in range(COLD)}
+
+        def op(k):
+            r = incr.Runtime()
+            mm = incr.input_map(r, "cold", init)
+            r.observe(mm.map(fc).sum())
+            r.stabilize()
+        return rt, op
     raise SystemExit(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
 
 
 def per_op_units(name: str) -> int:
     if name in ("hit", "lru"):
         return HIT_CALLS
+    if name == "coldcell":
+        return COLD
     return FLAT if name in ("flat1", "flat0", "plain1", "plain0") else 1
 
 
@@ -280,7 +318,7 @@ def cmd_run(name: str, n: int, warm: int = 3) -> dict:
     rt, op = setup(name)
     helper = _helper()
     on_vg = bool(helper and helper.incr_cg_running())
-    with rt:
+    with rt if name not in NO_WITH else contextlib.nullcontext():
         for k in range(warm):
             op(10**6 + k)
         gc.collect()

@@ -1191,6 +1191,12 @@ cdef class MapBase(NodeBase):
             return False
         cdef dict table = table_for(rt, c)
         cdef Py_ssize_t n = len(up)
+        if not table and n > 8:
+            # the cell's first instances: its table sized once for every key, as the dicts
+            # below (grown one insert at a time it resizes ~log2(n) times: ~130 instructions
+            # an instance of a cold build). Nothing holds the table but rt.tables
+            table = _PyDict_NewPresized(n)
+            rt.tables[c] = table
         cdef dict uses = rt.extensions.get("incr.collections")
         if uses is None:
             uses = rt.extensions["incr.collections"] = _PyDict_NewPresized(n)

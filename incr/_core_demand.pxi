@@ -30,11 +30,23 @@ cdef Instance lookup(Runtime rt, Cell c, dict table, tuple bound, bint create):
         if not fast:    # (str, int and None need no copy)
             owned = _keys.own_args(bound)   # the instance never shares the caller's objects
         if owned is None:
-            n = Instance(c, bound, rt)
+            n = new_instance(c, bound, rt)
         else:
-            n = Instance(c, <tuple>owned, rt)
+            n = new_instance(c, <tuple>owned, rt)
             (<Instance>n).fresh_args = True
         table[key] = n
+    return n
+
+
+cdef inline Instance new_instance(Cell c, tuple args, Runtime rt):
+    # Instance(c, args, rt) without the type call and __init__'s argument parsing: tp_new
+    # gives None in every object field and 0 in every C field (why, observed_by, persist,
+    # fresh_args, walk_at, the stamps; A_NONE is 0), and Node's __cinit__ runs as before
+    cdef Instance n = Instance.__new__(Instance)
+    n.cell = c
+    n.args = args
+    n.rt = rt
+    n.deps = ()
     return n
 
 

@@ -19,6 +19,7 @@
 
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from cpython.contextvars cimport PyContextVar_Set, PyContextVar_Reset
 
 
 cdef inline double _now() noexcept nogil:
@@ -52,7 +53,9 @@ cdef object stabilize_pass(Runtime rt):
     log = []
     cdef long long reused0 = rt.n_reused
     # (inside `with rt:`, or a pass of rt.astabilize's, rt is active already: no new context)
-    token = _active.set(rt) if get_value(_active) is not rt else None
+    # (the C API, not the ContextVar.set/reset methods: no method lookup and call, ~400
+    # instructions a pass outside `with rt:`)
+    token = PyContextVar_Set(_active, rt) if get_value(_active) is not rt else None
     rt.stabilizing = True
     rt.report_log = log
     if rt.failed and not rt.keep_failed:
@@ -160,7 +163,7 @@ cdef object stabilize_pass(Runtime rt):
             # date are owed to the next pass
             owe(rt, todo)
         if token is not None:
-            _active.reset(token)
+            PyContextVar_Reset(_active, token)
         if rt.store is not None:
             try:
                 flush(rt, bool(errors))

@@ -257,7 +257,7 @@ cdef void adopt(Runtime rt, Instance m, Record rec, list resolved) except *:
     rt.n_store_hits += 1
     rt.n_reused += 1
     if rt.report_log is not None:
-        rt.report_log.append((m, A_LOADED))
+        log_run(rt.report_log, m, A_LOADED)     # (flat: _core_execute.pxi)
 
 
 cdef Node resolve(Runtime rt, Record rec, Py_ssize_t i):

@@ -52,6 +52,8 @@ _PerKeyFn = PerKeyFn
 def _pairs(mapping: Any, where: str) -> dict:
     """``dict(mapping)`` for a mapping or an iterable of (key, value) pairs; anything else is a
     TypeError naming ``where`` (checked before anything changes)."""
+    if type(mapping) is dict:
+        return mapping.copy()    # (the same dict: a table copy, not a walk over its items)
     try:
         return dict(mapping.items() if hasattr(mapping, "items") else mapping)
     except (TypeError, ValueError) as e:
