@@ -23,7 +23,7 @@ from collections.abc import Mapping, KeysView, ItemsView, ValuesView
 
 from incr._core cimport (Cell, Runtime, Instance, Node, Input, Frame, demand, lookup,
                         table_for, quiet_enter, set_input, run, same_value, deferring,
-                        defer_op, own_copy)
+                        defer_op, own_copy, set_input_owned)
 from incr._core import EQUAL, IDENTITY, current
 from incr.errors import IncrError, _Deferred
 
@@ -1396,14 +1396,23 @@ cdef inline object _last(MapBase m, object key, object old):
     return old
 
 
-cdef void _keep(MapBase m, object key, object value) except *:
-    # an input map's `key` now holds `value`: keep the map's own copy of it if it is mutable
+cdef inline object _copy_of(object value):
+    # what an input map keeps of `value`: (its own copy,) if it is mutable, else None. The
+    # copy may run Python code (incr.keys.own_args, a registered type's codec): a change
+    # makes it before its first step (coll5: an interrupt there changes nothing)
     cdef type t = type(value)
     if t is int or t is str or t is float or t is bool:     # (the common values: no call)
-        if m._shadow:
-            m._shadow.pop(key, None)
-        return
-    o = own_copy(value)
+        return None
+    return own_copy(value)
+
+
+cdef void _keep(MapBase m, object key, object value) except *:
+    # an input map's `key` now holds `value`: keep the map's own copy of it if it is mutable
+    _keep_copy(m, key, _copy_of(value))
+
+
+cdef void _keep_copy(MapBase m, object key, object o) except *:
+    # _keep with the copy made (_copy_of): no Python code runs
     if o is not None:
         if m._shadow is None:
             m._shadow = {}
@@ -1457,6 +1466,7 @@ cdef class InputMapBase(MapBase):
         cdef Runtime rt = (<Input>self._anchor).rt
         if deferring(rt) or (self._key_inputs and key in self._key_inputs):
             return self._apply({key: value}, ())
+        o = _copy_of(value)     # (Python code may run: before anything changes)
         # one set of the anchor is one revision: no batch needed (the set raises
         # ReentrancyError inside a computation, before anything changed)
         n = self._stamp + 1
@@ -1464,7 +1474,7 @@ cdef class InputMapBase(MapBase):
         st.n = n
         set_input(rt, <Input>self._anchor, st)
         self._stamp = n
-        _keep(self, key, value)
+        _keep_copy(self, key, o)
         if old == NULL:
             self.put(key, value)
             return
@@ -1475,11 +1485,18 @@ cdef class InputMapBase(MapBase):
         """Set every (key, value) of ``sets`` and remove every key of ``dels`` that is there
         (a key in both ends up removed), as one revision; all or nothing: every key is checked
         first, and from the first change to the last nothing calls back into Python but the
-        values' own comparisons. During another thread's pass: done when it ends."""
+        values' own comparisons. During another thread's pass: done when it ends.
+
+        (coll5) Everything that may run Python code -- the values' comparisons, the copies of
+        mutable values (incr.keys, a registered type's codec) -- is done before the first
+        change; from the first change to the last no Python code runs (the per-key inputs are
+        set with the copies made: set_input_owned), so a Ctrl-C, which lands only where
+        Python code runs, cannot split the change."""
         cdef dict data = self._data
         cdef Runtime rt = (<Input>self._anchor).rt
         cdef Input inp
         cdef long long n
+        cdef Py_ssize_t j
         cdef PyObject *old
         if deferring(rt):
             # the values as they are now (the caller may change its objects afterwards)
@@ -1518,6 +1535,7 @@ cdef class InputMapBase(MapBase):
         dropped = [k for k in gone if k in data]
         if not changed and not dropped:
             return
+        copies = [_copy_of(v) for k, v in changed]
         rt._batch_enter()          # raises ReentrancyError inside a computation
         try:
             n = self._stamp + 1
@@ -1526,8 +1544,10 @@ cdef class InputMapBase(MapBase):
             set_input(rt, <Input>self._anchor, st)   # (the same inside a stabilization)
             self._stamp = n
             keyed = self._key_inputs
-            for k, v in changed:
-                _keep(self, k, v)
+            for j in range(len(changed)):
+                k, v = changed[j]
+                o = copies[j]
+                _keep_copy(self, k, o)
                 if k in data:
                     data[k] = v        # (not put: it would take a mutated object as the same)
                     self.emit(k)
@@ -1536,7 +1556,9 @@ cdef class InputMapBase(MapBase):
                 if keyed:
                     i = keyed.get(k)
                     if i is not None:
-                        set_input(rt, <Input>i, v)
+                        # it holds the key's old value, which differs from v (above): set
+                        # without comparing or copying again (no Python code)
+                        set_input_owned(rt, <Input>i, v, o)
             for k in dropped:
                 if self._shadow:
                     self._shadow.pop(k, None)

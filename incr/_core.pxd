@@ -352,6 +352,7 @@ cdef bint deferring(Runtime rt)     # another thread's pass is running: a change
 cdef bint defer_op(Runtime rt, object op) except -1   # queue op() as the next revision?
 cdef object own_copy(object value)   # an input's (own copy,) of a mutable value, or None
 cdef void apply_set(Runtime rt, Input inp, object value) except *
+cdef void set_input_owned(Runtime rt, Input inp, object value, object shadow) except *
 cdef void invalidate(Runtime rt, Instance n) except *
 
 # _core_stabilize.pxi -- one stabilization: observed instances in timestamp order, then callbacks

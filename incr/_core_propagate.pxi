@@ -125,6 +125,32 @@ cdef void apply_set(Runtime rt, Input inp, object value) except *:
     dirty_from(rt, inp)
 
 
+cdef void set_input_owned(Runtime rt, Input inp, object value, object shadow) except *:
+    # set_input of a value that the caller has already found to differ from the input's (by
+    # _same_value) and copied (``shadow``: own_copy(value), or None): no comparison and no
+    # copy here, so no Python code runs and an interrupt cannot land in it. An input map's
+    # change sets its per-key inputs so, in the step that must not be split (incr._collections
+    # InputMapBase._apply). Refused or deferred exactly as set_input.
+    check_usable(rt)
+    cur = get_value(_active)
+    if deferring(rt) or rt.frames or rt.stabilizing or (
+            cur is not None and cur is not rt and (<Runtime>cur).frames):
+        set_input(rt, inp, value)       # (deferred, or the ReentrancyError it raises)
+        return
+    inp.shadow = shadow
+    inp.value = value
+    inp.vhash = None
+    rt.clock += 1
+    if rt.batch_depth == 0:
+        rt.revision += 1
+    elif not rt.batch_bumped:
+        rt.revision += 1
+        rt.batch_bumped = True
+    inp.changed_at = rt.clock
+    inp.changed_rev = rt.revision
+    dirty_from(rt, inp)
+
+
 cdef void invalidate(Runtime rt, Instance n) except *:
     rt.clock += 1
     if rt.batch_depth == 0:

@@ -83,6 +83,14 @@ def _stored_as_cell(fn: Any) -> Any:
     return c
 
 
+def _refuse_key(m: Any, key: Any, what: str) -> None:
+    """A read of ``key`` raised TypeError: if ``key`` is not a key at all (unhashable, a list),
+    raise a TypeError naming the map and the method instead; else return (the caller re-raises
+    the original error)."""
+    where = f"input_map {m.label!r}: {what}" if isinstance(m, InputMap) else f"{m.label}: {what}"
+    _key_kind(key, where)
+
+
 def _fn_label(fn: Any) -> str:
     q = getattr(fn, "qualname_label", None) or getattr(fn, "__qualname__", None) \
         or getattr(fn, "__name__", None) or repr(fn)
@@ -98,6 +106,12 @@ class Group(Mapping):
     dict of the whole group. Two groups of the same ``group_by`` are equal when they are the
     same group at the same change; against any other mapping (a dict), equality compares the
     entries. ``dict(group)`` or ``copy.copy(group)`` takes a snapshot (a dict).
+
+    As a cell's argument (``groups.map(cell)``) a group is keyed by its entries as
+    ``(key, value)`` pairs in key order, whatever the kind of its keys (ints, tuples: a dict
+    with such keys could not be stored), and the cell gets a *detached* Group: the same
+    entries, read-only, in key order, no longer following the map (``_node`` is None). That
+    is also what a stored argument decodes to.
     """
 
     __slots__ = ("_node", "_g", "_members", "_version")
@@ -112,7 +126,10 @@ class Group(Mapping):
         return self._members[key]
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self._node._group_keys(self._g, self._members))
+        node = self._node
+        if node is None:                    # detached: its members are in key order
+            return iter(self._members)
+        return iter(node._group_keys(self._g, self._members))
 
     def __len__(self) -> int:
         return len(self._members)
@@ -121,7 +138,7 @@ class Group(Mapping):
         return key in self._members
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is Group and other._node is self._node \
+        if type(other) is Group and self._node is not None and other._node is self._node \
                 and type(other._g) is type(self._g) and other._g == self._g:  # type: ignore[attr-defined]
             return other._version == self._version  # type: ignore[attr-defined]
         if isinstance(other, Mapping):
@@ -142,11 +159,23 @@ class Group(Mapping):
 
 
 def _encode_group(g: Group) -> tuple:
+    # its entries as (key, value) pairs in key order: any key kind encodes (a dict with int or
+    # tuple keys would not), and equal groups are one instance
     return tuple(g.items())
 
 
-def _decode_group(t: Any) -> dict:
-    return dict(t)
+def _decode_group(t: Any) -> Group:
+    """A detached Group of the pairs ``t`` (in key order, as encoded): what a cell taking a
+    group gets, as its kept copy, each run's copy, or an argument read back from the store.
+    Anything but a sequence of 2-tuples is refused (a damaged record is a miss)."""
+    if type(t) is not tuple:
+        raise TypeError(f"a Group is encoded as a tuple of (key, value) pairs, got {type(t).__name__}")
+    members: dict = {}
+    for pair in t:
+        if type(pair) is not tuple or len(pair) != 2:
+            raise TypeError(f"a Group entry is a (key, value) pair, got {pair!r:.60}")
+        members[pair[0]] = pair[1]
+    return Group(None, None, members, 0)
 
 
 register_type(Group, _encode_group, _decode_group)
@@ -173,15 +202,27 @@ class IncrMap(MapBase):
 
     def __getitem__(self, key: Any) -> Any:
         self._demand()
-        return self._data[key]
+        try:
+            return self._data[key]
+        except TypeError:                       # unhashable: say which map and which key
+            _refuse_key(self, key, "[]")
+            raise
 
     def get(self, key: Any, default: Any = None) -> Any:
         self._demand()
-        return self._data.get(key, default)
+        try:
+            return self._data.get(key, default)
+        except TypeError:
+            _refuse_key(self, key, "get")
+            raise
 
     def __contains__(self, key: object) -> bool:
         self._demand()
-        return key in self._data
+        try:
+            return key in self._data
+        except TypeError:
+            _refuse_key(self, key, "in")
+            raise
 
     def __len__(self) -> int:
         self._demand()
@@ -264,9 +305,15 @@ class IncrMap(MapBase):
         """The ``k`` entries with the largest values (or ``key(value)``), as a tuple of
         ``(key, value)`` pairs, largest first; equal values in key order (as
         ``heapq.nlargest(k, m.items(), key=...)``)."""
-        if not isinstance(k, int) or k < 0:
-            raise ValueError(f"top_k: k must be an int >= 0, got {k!r}")
+        if type(k) is bool or not isinstance(k, int):
+            raise TypeError(f"{self.label}.top_k: k must be an int >= 0, got "
+                            f"{type(k).__name__} {k!r:.60}")
+        if k < 0:
+            raise ValueError(f"{self.label}.top_k: k must be an int >= 0, got {k!r}")
         if key is not None:
+            if not callable(key):
+                raise TypeError(f"{self.label}.top_k: key must be a function of the value or "
+                                f"None, got {type(key).__name__} {key!r:.60}")
             _refuse_async_fn(key, f"{self.label}.top_k: key")
         label = f"{self.label}.top_k({k}" + (f", key={_fn_label(key)})" if key else ")")
         return Fold(self, "top_k", label, k=k, keyfn=key)
@@ -394,19 +441,31 @@ class InputMap(IncrMap, InputMapBase):
         return False
 
     def __getitem__(self, key: Any) -> Any:
-        v = self._key_input(key).get() if self._in_cell() else self._data.get(key, _ABSENT)
+        try:
+            v = self._key_input(key).get() if self._in_cell() else self._data.get(key, _ABSENT)
+        except TypeError:                       # unhashable: say which map and which key
+            _refuse_key(self, key, "[]")
+            raise
         if v is _ABSENT:
             raise KeyError(key)
         return v
 
     def get(self, key: Any, default: Any = None) -> Any:
-        v = self._key_input(key).get() if self._in_cell() else self._data.get(key, _ABSENT)
+        try:
+            v = self._key_input(key).get() if self._in_cell() else self._data.get(key, _ABSENT)
+        except TypeError:
+            _refuse_key(self, key, "get")
+            raise
         return default if v is _ABSENT else v
 
     def __contains__(self, key: object) -> bool:
-        if self._in_cell():
-            return self._key_input(key).get() is not _ABSENT
-        return key in self._data
+        try:
+            if self._in_cell():
+                return self._key_input(key).get() is not _ABSENT
+            return key in self._data
+        except TypeError:
+            _refuse_key(self, key, "in")
+            raise
 
     def _demand(self) -> Any:
         if self._in_cell():

@@ -802,9 +802,8 @@ def _garbage_cases():
     }
 
 
-_GARBAGE_OPEN = {
-    "m.top_k(True)", "m.top_k(2, key=5)", "m.get([1])",
-}
+_GARBAGE_OPEN: set = set()   # (coll5: m.top_k(True), m.top_k(2, key=5), m.get([1]) fixed in
+                             # incr/collections.py top_k / get)
 
 
 def _garbage_param(name):
@@ -989,84 +988,124 @@ def test_group_summaries_of_a_map_with_str_keys_are_taken_from_the_store(tmp_pat
     assert out[1] == 3 and out[3] == 3 and caught == []         # the second runtime ran none
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "m.group_by(fn).map(cell) over a map whose keys are not str (ints, tuples): each Group "
-    "argument is keyed as a dict with non-str keys, which the codec refuses, so no summary is "
-    "ever stored (every process runs them all again) and a NotPersistableWarning says "
-    "'argument key 0 is an int, which incr cannot use as a key ... pass None, bool, int, ...', "
-    "a message that contradicts itself. docs/collections.md: 'A cell can take a group as an "
-    "argument'; 'Collections persist in the store'. incr/collections.py Group / incr/keys.py: "
-    "a Group should be keyed by its entries as pairs (any key kind), like a map's entries"))
 def test_group_summaries_of_a_map_with_int_keys_are_taken_from_the_store(tmp_path):
+    """Was: each Group argument was kept (and keyed for the store) as a dict with int keys,
+    which the codec refuses: no summary stored, and a NotPersistableWarning that contradicted
+    itself. Fixed (coll5): a Group is keyed by its entries as pairs and a cell gets a detached
+    Group (incr/collections.py Group, _decode_group)."""
     out, caught = _groups_summaries_twice(str(tmp_path / "st"), lambda i: i)
     assert out[0] == out[2] == {0: (4, 18), 1: (4, 22), 2: (4, 26)}
     assert caught == []
     assert out[1] == 3 and out[3] == 3
 
 
-@pytest.mark.parametrize("op", [pytest.param("set", marks=pytest.mark.xfail(strict=True, reason=(
-    "(fixcoll4) m.set is compiled now (incr/_collections.pyx InputMapBase.set/_apply): no line "
-    "of incr/collections.py runs inside it, so this tracer never interrupts it and the loop "
-    "ends at n == 1 (assert n > 3). The finding was: " +
-        "SILENT WRONG VALUE for good: a Ctrl-C inside m.set / m.delete / m.update of a key that a "
-        "cell reads by key (m[0], m.get(4): a per-key input) lands between the data change "
-        "(_put/_del) and _key_changed(key) in incr/collections.py InputMap._set_batched / delete / "
-        "update: the map holds the new value (its folds are right) but the per-key input keeps the "
-        "old one, so the reader cell returns m[0] == 0 after m[0] became 55 (or 4 after key 4 was "
-        "deleted), at every later pass, until that key changes again. The data change and the "
-        "per-key input's set should be one step a KeyboardInterrupt cannot split"))),
-                                 "delete", "update"])
+class _Val:
+    """A value whose equality and codec are Python code (a registered type: an input map
+    keeps its own copy of it through incr.keys.own_args and the codec). A Ctrl-C lands only
+    where Python code runs: these are the places a change of an input map calls out."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __eq__(self, other):
+        return type(other) is _Val and other.n == self.n
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"_Val({self.n})"
+
+
+incr.register_type(_Val, lambda v: v.n, lambda n: _Val(n))
+
+
+_CHANGES = {
+    "set": (lambda m: m.set(0, _Val(55)), {0: 55}, ()),
+    "delete": (lambda m: m.delete(4), {}, (4,)),
+    "update": (lambda m: m.update({0: _Val(7), 4: _Val(8)}), {0: 7, 4: 8}, ()),
+    "update-new-and-delete": (lambda m: m.update({0: _Val(7), 9: _Val(9)}, delete=[4]),
+                              {0: 7, 9: 9}, (4,)),
+}
+
+
+_TRACED = {os.path.abspath(__file__)} | {
+    os.path.join(os.path.dirname(os.path.abspath(incr.__file__)), f)
+    for f in os.listdir(os.path.dirname(os.path.abspath(incr.__file__))) if f.endswith(".py")}
+
+
+@pytest.mark.parametrize("op", list(_CHANGES))
 def test_ctrl_c_inside_a_change_never_leaves_a_reader_by_key_stale(op):
-    n, stale = 1, []
+    """A Ctrl-C at every point where Python code runs inside m.set / m.delete / m.update of
+    keys that cells read by key (m.get(0), m.get(4): per-key inputs) and a fold reads whole:
+    the change took effect fully or not at all, and after a stabilize the readers by key and
+    the fold agree with a from-scratch evaluation of the map's content. The interrupt is a
+    tracer that raises KeyboardInterrupt at the Nth line of Python executed anywhere (the
+    values' __eq__ and codec, incr.keys' copy, incr/collections.py), N = 1, 2, ... until the
+    change runs through: it reaches what the compiled InputMapBase.set / _apply call.
+
+    Was (fixcoll4, then coll5): SILENT WRONG VALUE for good -- the per-key input was set
+    after the map's data, by a set that compares (the value's __eq__) and copies (own_args):
+    an interrupt there left the reader returning the old value at every later pass. Fixed in
+    incr/_collections.pyx InputMapBase._apply (the comparisons and copies all made before
+    the first change; the per-key inputs set with those copies, set_input_owned in
+    incr/_core_propagate.pxi, so no Python code runs from the first change to the last)."""
+    change, sets, dels = _CHANGES[op]
+    n, bad, points = 1, [], 0
     while True:
         rt = incr.Runtime()
-        m = incr.input_map(rt, "m", {i: i for i in range(5)})
+        m = incr.input_map(rt, "m", {i: _Val(i) for i in range(5)})
 
         @incr.cell
         def r0():
-            return m.get(0)
+            v = m.get(0)
+            return None if v is None else v.n
 
         @incr.cell
         def r4():
-            return m.get(4)
+            v = m.get(4)
+            return None if v is None else v.n
 
-        obs = [rt.observe(r0), rt.observe(r4), rt.observe(m.map(lambda k, v: v * 10).sum())]
+        obs = [rt.observe(r0), rt.observe(r4), rt.observe(m.map(lambda k, v: v.n * 10).sum())]
         rt.stabilize()
+        before = {k: v.n for k, v in m.items()}
+        after = {k: v for k, v in {**before, **sets}.items() if k not in dels}
         count = [0]
 
         def tracer(frame, event, arg, count=count, n=n):
-            if frame.f_code.co_filename.endswith(os.path.join("incr", "collections.py")):
-                if event == "line":
-                    count[0] += 1
-                    if count[0] == n:
-                        raise KeyboardInterrupt
+            # (lines of incr and of this file: the values' code; not the standard library's,
+            # where the interrupt would be reported as unraisable from a weakref callback)
+            if event == "line" and frame.f_code.co_filename in _TRACED:
+                count[0] += 1
+                if count[0] == n:
+                    raise KeyboardInterrupt
             return tracer
 
         sys.settrace(tracer)
         try:
-            if op == "set":
-                m.set(0, 55)
-            elif op == "delete":
-                m.delete(4)
-            else:
-                m.update({0: 7, 4: 8})
+            change(m)
             interrupted = False
         except KeyboardInterrupt:
             interrupted = True
         finally:
             sys.settrace(None)
         rt._check()
-        d = dict(m.items())
+        d = {k: v.n for k, v in m.items()}
+        if d not in (before, after):
+            bad.append((n, "half applied", d))
         rt.stabilize()
         rt._check()
         got = [o.value for o in obs]
         if got != [d.get(0), d.get(4), sum(v * 10 for v in d.values())]:
-            stale.append((n, d, got))
+            bad.append((n, "stale", d, got))
         if not interrupted:
             break
+        points += 1
         n += 1
-    assert n > 3
-    assert stale == []
+    assert d == after                       # the change, run through, took effect
+    assert points > 3, points               # the sweep reached code the change runs
+    assert bad == []
 
 
 # -- (16) a collection of another runtime -------------------------------------------------------
