@@ -450,9 +450,9 @@ def _apply_ops(m, ops, after_stabilize):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_rekey_random(seed):
-    """Port of test_rekey.ml "rekey random test": rekey by Int.to_string, against the
-    whole map rekeyed; each key's function ran once per key added (map_keys' fn reads the
-    key only: a change of data runs it once)."""
+    """Port of test_rekey.ml "rekey random test": rekey by Int.to_string, random
+    operations, against the whole map rekeyed; map_keys' function ran once for each key whose
+    entry changed since the last stabilize (see _apply_ops), for no other."""
     rt = incr.Runtime()
     m = incr.input_map(rt, "m")
     calls = []
@@ -602,7 +602,6 @@ def test_sum_correctness(seed):
         return v
 
     o = rt.observe(m.map(ident).sum())
-    last = {}
 
     def check(cur, touched):
         calls.clear()
@@ -628,7 +627,6 @@ def test_counti_correctness(seed):
         return "a" in v and k % 2 == 0
 
     o = rt.observe(m.filter(f).count())
-    last = {}
 
     def check(cur, touched):
         calls.clear()
