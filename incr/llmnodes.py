@@ -48,11 +48,23 @@ from incr._llm_loop import _Loop
 # re-exported: the names code outside imports from incr.llmnodes (incr/__init__.py, incr.cli,
 # incr.graph, incr.openai_chat, adapters/, tests/, the core's ``_llm.NAME`` calls)
 from incr._llm_types import ACK, UNKNOWN, Candidate, validator  # noqa: F401 -- re-exported
+from incr._llm_types import _DefaultAttempts  # noqa: F401 -- re-exported (see below)
 from incr._llm_ledger import _evidence  # noqa: F401 -- re-exported
 from incr._llm_report import FailureReport  # noqa: F401 -- re-exported
 from incr._llm_store import _may_adopt, _unpack_node, msgpack_label  # noqa: F401 -- re-exported
 from incr._llm_store import audits, summaries  # noqa: F401 -- re-exported
 from incr._llm_calls import _transient  # noqa: F401 -- re-exported
+
+# These classes (what users hold instances of) keep the module that defined them before the
+# split, incr.llmnodes: it is part of what names them -- their repr, pickle, and
+# keys.closure_fingerprint, which names a value it cannot encode by its type's module and
+# qualname (so a cell closing over a Validator or a Budget keeps its identity, and its store
+# entries, across the split; a Budget pickled before it still loads: its max_attempts default
+# is a _DefaultAttempts).
+for _cls in (ACK, NACK, UNKNOWN, Acceptance, Budget, Candidate, FailureReport, NodeState,
+             Validator, _DefaultAttempts):
+    _cls.__module__ = __name__
+del _cls
 
 __all__ = ["ACK", "NACK", "UNKNOWN", "Acceptance", "Budget", "Candidate", "LLMNode",
            "NodeState", "Validator", "effect", "llm", "validator"]
