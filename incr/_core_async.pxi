@@ -112,6 +112,18 @@ def _task_swap(loop, task):
 
 
 cdef object _DONE = object()    # BodyTask.task of a body that finished in its first step
+cdef BodyTask _spare_body = None   # one a first step used that nobody else saw (refs,
+                                   # weakrefs): the next first step takes it (no allocation)
+
+cdef extern from *:
+    """
+    static int incr_has_weakrefs(PyObject *o) {
+        Py_ssize_t off = Py_TYPE(o)->tp_weaklistoffset;
+        return off > 0 && *(PyObject **)((char *)o + off) != NULL;
+    }
+    """
+    bint incr_has_weakrefs(object o)
+    Py_ssize_t incr_refcnt "Py_REFCNT"(object o)
 
 
 @cython.final
@@ -244,6 +256,7 @@ def _body_step(object body, object coro, object value, object exc):
 
 
 cdef bint run_async(Runtime rt, Instance n) except -1:
+    global _spare_body
     cdef object aio = _aio_mod()
     cdef object running = _get_running_loop()
     cdef object loop = running, prev = None
@@ -283,7 +296,11 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         # the body is one incr._aio.BodyTask at every step (bound to the task that goes on
         # with the body if it has to wait), so asyncio.timeout, TaskGroup and anyio's cancel
         # scopes act on the body's run alone
-        body = BodyTask.__new__(BodyTask)
+        body = _spare_body
+        if body is None:
+            body = BodyTask.__new__(BodyTask)
+        else:
+            _spare_body = None
         body.loop = loop
         body.coro = coro
         prev = task_swap(loop, body)   # (C from here to the try's end: no Ctrl-C lands
@@ -312,10 +329,14 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
     if suspended is not None:
         return aio.redo(rt, n, (<object>suspended).works)
     if sent == 0:                    # it returned y: recorded as a sync run is
-        if body.kept is None:
-            body.task = _DONE        # (the common case: nothing to hand on)
-        else:
+        if body.kept is not None:
             body._finished()
+        elif incr_refcnt(body) == 1 and not incr_has_weakrefs(body):
+            body.coro = None         # (the common case: nobody saw it, nothing to hand on:
+            body.loop = None         # kept for the next first step, as new)
+            _spare_body = body
+        else:
+            body.task = _DONE
         frames = None
         coro = None
         run_finish(rt, n, f, had, y, start)
