@@ -16,10 +16,17 @@
 #     running stack and returns its value through the am_send slot (no exception). If that
 #     demand unwinds for async work, or it is awaited elsewhere (another task, top level), it
 #     delegates to incr._aio._ademand, the path that waits.
+#   - BodyTask (asyncio.current_task() in every step of a body, the first included: the body
+#     runs as one task) and the swaps that make it current: task_swap, _body_step (a later
+#     step, for incr._aio._Stepper). Compiled, so that no Ctrl-C lands between a swap and its
+#     restore (one that did left the body's task current, and the loop refused every task
+#     after it: a hang).
 #
 # Invariants kept: those of run (_core_execute.pxi): a run unwound or cancelled records
 # nothing; I6: n's frame is on the caller's stack only during the first step; the running
-# loop and the task-frames contextvar are as before once the step is over, whatever it raised.
+# loop, the loop's current task and the task-frames contextvar are as before once a step is
+# over, whatever it raised; a BodyTask anyone else holds (a reference, a weak reference) is
+# never handed to another body.
 
 cdef extern from "Python.h":
     int PyIter_Send(object iter, object arg, PyObject **presult) except -1
