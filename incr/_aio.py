@@ -370,133 +370,21 @@ _timeout = getattr(asyncio, "timeout", None)                    # 3.11+
 # -- the task an async body runs in ---------------------------------------------------------
 #
 # An async cell's body runs from its first step to its last as one task: the first step is
-# taken by hand (the core's run_async: most bodies finish in it, with no task and no loop involved), the
-# rest in a task of incr's (Resume.go). What asyncio.current_task() returns in every step is
-# one BodyTask, made current around each step (_core's _body_step), which stands for the real task
-# that goes on with the body once it has one (bound in Resume.go): asyncio.timeout, TaskGroup
-# and anyio's cancel scopes, bound to current_task() when entered, then cancel the body's run
-# and nothing else (never the task that demanded it).
+# taken by hand (the core's run_async: most bodies finish in it, with no task and no loop
+# involved), the rest in a task of incr's (Resume.go). What asyncio.current_task() returns in
+# every step is one BodyTask (compiled, _core_async.pxi), made current around each step (by
+# run_async, then _core._body_step), which stands for the real task that goes on with the
+# body once it has one (bound in Resume.go): asyncio.timeout, TaskGroup and anyio's cancel
+# scopes, bound to current_task() when entered, then cancel the body's run and nothing else
+# (never the task that demanded it). The swaps are compiled: a Ctrl-C never lands between a
+# swap and its restore.
 
 _current_task = asyncio.current_task
 _task_swap = _core._task_swap     # make a task current on a loop (compiled: see _body_step)
 _body_step = _core._body_step     # one step of a body with its BodyTask current (compiled)
 
 
-_DONE = object()      # BodyTask._task of a body that finished in its first step
-
-
-class BodyTask:
-    """asyncio.current_task() in every step of an async body's run: until the body has a real
-    task (it finished in its first step, or has not been taken by one yet) it keeps its own
-    cancellation requests and done callbacks; then it hands them to that task and forwards
-    everything to it (cancel, cancelling, uncancel, done, ... and anyio's _fut_waiter)."""
-
-    __slots__ = ("_loop", "_coro", "_task", "_kept", "__weakref__")
-
-    def __init__(self, loop, coro):
-        self._loop = loop
-        self._coro = coro
-        self._task = None   # the real task, once bound; _DONE: it finished in its first step
-        self._kept = None   # before that: [cancel requests, last message, done callbacks]
-
-    def _keep(self) -> list:
-        if self._kept is None:
-            self._kept = [0, None, []]
-        return self._kept
-
-    def _bind(self, task) -> None:
-        """``task`` goes on with the body."""
-        self._task = task
-        kept, self._kept = self._kept, None
-        if kept is not None:
-            for _ in range(kept[0]):
-                task.cancel(kept[1])
-            for cb, ctx in kept[2]:
-                task.add_done_callback(lambda _t, cb=cb: cb(self), context=ctx)
-
-    def _finished(self) -> None:
-        """The body finished in its first step (no task went on with it)."""
-        self._task = _DONE
-        kept, self._kept = self._kept, None
-        if kept is not None:
-            for cb, ctx in kept[2]:
-                self._loop.call_soon(cb, self, context=ctx)
-
-    def cancel(self, msg=None):
-        t = self._task
-        if t is None:
-            kept = self._keep()
-            kept[0] += 1
-            kept[1] = msg
-            return True
-        return False if t is _DONE else t.cancel(msg)
-
-    def cancelling(self):
-        t = self._task
-        if t is None or t is _DONE:
-            return self._kept[0] if self._kept is not None else 0
-        return t.cancelling()
-
-    def uncancel(self):
-        t = self._task
-        if t is None or t is _DONE:
-            kept = self._kept
-            if kept is None or not kept[0]:
-                return 0
-            kept[0] -= 1
-            return kept[0]
-        return t.uncancel()
-
-    def done(self):
-        t = self._task
-        return t is _DONE or (t is not None and t.done())
-
-    def cancelled(self):
-        t = self._task
-        return t is not None and t is not _DONE and t.cancelled()
-
-    def add_done_callback(self, cb, *, context=None):
-        t = self._task
-        if t is None:
-            self._keep()[2].append((cb, context))
-        elif t is _DONE:
-            self._loop.call_soon(cb, self, context=context)
-        else:
-            t.add_done_callback(lambda _t: cb(self), context=context)
-
-    def remove_done_callback(self, cb):
-        return 0          # (the callbacks were wrapped: a removal is not supported)
-
-    def get_loop(self):
-        return self._loop
-
-    def get_coro(self):
-        return self._coro
-
-    def get_name(self):
-        return getattr(self._coro, "__qualname__", "incr async body")
-
-    @property
-    def _fut_waiter(self):
-        t = self._task
-        return None if t is None or t is _DONE else t._fut_waiter
-
-    @property
-    def _must_cancel(self):
-        t = self._task
-        if t is None or t is _DONE:
-            return self._kept is not None and self._kept[0] > 0
-        return t._must_cancel
-
-    def __getattr__(self, name):
-        t = object.__getattribute__(self, "_task")
-        if t is None or t is _DONE:
-            raise AttributeError(f"incr's task of an async body ({self.get_name()}) has no "
-                                 f"{name!r} while it has no asyncio task")
-        return getattr(t, name)
-
-    def __repr__(self):
-        return f"<incr body task {self.get_name()} of {self._task!r}>"
+BodyTask = _core.BodyTask         # (compiled: _core_async.pxi)
 
 
 # -- stepping a coroutine with its own frames ----------------------------------------------

@@ -277,6 +277,18 @@ cdef class _Await:
     cdef int state                   # 0 not awaited yet, 1 awaiting, 2 done
 
 
+cdef class BodyTask:
+    # asyncio.current_task() in every step of an async body's run (_core_async.pxi)
+    cdef object loop                 # the loop it runs on
+    cdef object coro                 # the body's coroutine
+    cdef object task                 # the asyncio task that goes on with the body once bound;
+                                     # _DONE: it finished in its first step; None: neither yet
+    cdef list kept                   # before that, if asked: [cancel requests, last message,
+                                     # [(done callback, context)]]
+    cdef object __weakref__
+    cdef list keep(self)
+
+
 cdef class _StepTasks:
     # the task factory of incr's own loop on a thread (_core_async.pxi)
     cdef object frames               # the stack of the first step running in sync code on

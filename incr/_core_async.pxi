@@ -16,10 +16,17 @@
 #     running stack and returns its value through the am_send slot (no exception). If that
 #     demand unwinds for async work, or it is awaited elsewhere (another task, top level), it
 #     delegates to incr._aio._ademand, the path that waits.
+#   - BodyTask (asyncio.current_task() in every step of a body, the first included: the body
+#     runs as one task) and the swaps that make it current: task_swap, _body_step (a later
+#     step, for incr._aio._Stepper). Compiled, so that no Ctrl-C lands between a swap and its
+#     restore (one that did left the body's task current, and the loop refused every task
+#     after it: a hang).
 #
 # Invariants kept: those of run (_core_execute.pxi): a run unwound or cancelled records
 # nothing; I6: n's frame is on the caller's stack only during the first step; the running
-# loop and the task-frames contextvar are as before once the step is over, whatever it raised.
+# loop, the loop's current task and the task-frames contextvar are as before once a step is
+# over, whatever it raised; a BodyTask anyone else holds (a reference, a weak reference) is
+# never handed to another body.
 
 cdef extern from "Python.h":
     int PyIter_Send(object iter, object arg, PyObject **presult) except -1
@@ -111,13 +118,141 @@ def _task_swap(loop, task):
     return task_swap(loop, task)
 
 
+cdef object _DONE = object()    # BodyTask.task of a body that finished in its first step
+cdef BodyTask _spare_body = None   # one a first step used that nobody else saw (refs,
+                                   # weakrefs): the next first step takes it (no allocation)
+
+cdef extern from *:
+    """
+    static int incr_has_weakrefs(PyObject *o) {
+        Py_ssize_t off = Py_TYPE(o)->tp_weaklistoffset;
+        return off > 0 && *(PyObject **)((char *)o + off) != NULL;
+    }
+    """
+    bint incr_has_weakrefs(object o)
+    Py_ssize_t incr_refcnt "Py_REFCNT"(object o)
+
+
+@cython.final
+cdef class BodyTask:
+    """asyncio.current_task() in every step of an async body's run (incr._aio): until the body
+    has a real task (it finished in its first step, or has not been taken by one yet) it keeps
+    its own cancellation requests and done callbacks; then it hands them to that task and
+    forwards everything to it (cancel, cancelling, uncancel, done, ... and anyio's
+    _fut_waiter). Compiled: one is made for every async run (run_async), and binding it to
+    its task (_bind) is one step no Ctrl-C splits."""
+
+    def __init__(self, loop, coro):
+        self.loop = loop
+        self.coro = coro
+
+    def _bind(self, task):
+        """``task`` goes on with the body."""
+        self.task = task
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            for _ in range(<int>kept[0]):
+                task.cancel(kept[1])
+            for cb, ctx in kept[2]:
+                task.add_done_callback(lambda _t, cb=cb: cb(self), context=ctx)
+
+    def _finished(self):
+        """The body finished in its first step (no task went on with it)."""
+        self.task = _DONE
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            for cb, ctx in kept[2]:
+                self.loop.call_soon(cb, self, context=ctx)
+
+    cdef list keep(self):
+        if self.kept is None:
+            self.kept = [0, None, []]
+        return self.kept
+
+    def cancel(self, msg=None):
+        t = self.task
+        if t is None:
+            kept = self.keep()
+            kept[0] += 1
+            kept[1] = msg
+            return True
+        return False if t is _DONE else t.cancel(msg)
+
+    def cancelling(self):
+        t = self.task
+        if t is None or t is _DONE:
+            return self.kept[0] if self.kept is not None else 0
+        return t.cancelling()
+
+    def uncancel(self):
+        t = self.task
+        if t is None or t is _DONE:
+            kept = self.kept
+            if kept is None or not kept[0]:
+                return 0
+            kept[0] -= 1
+            return kept[0]
+        return t.uncancel()
+
+    def done(self):
+        t = self.task
+        return t is _DONE or (t is not None and t.done())
+
+    def cancelled(self):
+        t = self.task
+        return t is not None and t is not _DONE and t.cancelled()
+
+    def add_done_callback(self, cb, *, context=None):
+        t = self.task
+        if t is None:
+            self.keep()[2].append((cb, context))
+        elif t is _DONE:
+            self.loop.call_soon(cb, self, context=context)
+        else:
+            t.add_done_callback(lambda _t: cb(self), context=context)
+
+    def remove_done_callback(self, cb):
+        return 0          # (the callbacks were wrapped: a removal is not supported)
+
+    def get_loop(self):
+        return self.loop
+
+    def get_coro(self):
+        return self.coro
+
+    def get_name(self):
+        return getattr(self.coro, "__qualname__", "incr async body")
+
+    @property
+    def _fut_waiter(self):
+        t = self.task
+        return None if t is None or t is _DONE else t._fut_waiter
+
+    @property
+    def _must_cancel(self):
+        t = self.task
+        if t is None or t is _DONE:
+            return self.kept is not None and self.kept[0] > 0
+        return t._must_cancel
+
+    def __getattr__(self, name):
+        t = self.task
+        if t is None or t is _DONE:
+            raise AttributeError(f"incr's task of an async body ({self.get_name()}) has no "
+                                 f"{name!r} while it has no asyncio task")
+        return getattr(t, name)
+
+    def __repr__(self):
+        return f"<incr body task {self.get_name()} of {self.task!r}>"
+
+
 def _body_step(object body, object coro, object value, object exc):
     """One later step of an async body's coroutine (incr._aio._Stepper): ``coro.send(value)``,
     or ``coro.throw(exc)``, with ``body`` (the body's incr._aio.BodyTask) the current task of
     its loop for the length of the step and the stepping task current again after it,
     whatever the step raises (StopIteration: it returned). Compiled so that no Ctrl-C can land
     between the swap in and the try that swaps back (see task_swap)."""
-    cdef object loop = body._loop
+    cdef object loop = (<BodyTask?>body).loop
     cdef object prev = task_swap(loop, body)
     try:
         if exc is None:
@@ -128,9 +263,11 @@ def _body_step(object body, object coro, object value, object exc):
 
 
 cdef bint run_async(Runtime rt, Instance n) except -1:
+    global _spare_body
     cdef object aio = _aio_mod()
     cdef object running = _get_running_loop()
-    cdef object loop = running, body = None, prev = None
+    cdef object loop = running, prev = None
+    cdef BodyTask body = None
     cdef bint swapped = False
     cdef object coro, token = None, y = None, suspended = None, saved = None
     cdef _StepTasks tasks = None
@@ -166,7 +303,13 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         # the body is one incr._aio.BodyTask at every step (bound to the task that goes on
         # with the body if it has to wait), so asyncio.timeout, TaskGroup and anyio's cancel
         # scopes act on the body's run alone
-        body = aio.BodyTask(loop, coro)
+        body = _spare_body
+        if body is None:
+            body = BodyTask.__new__(BodyTask)
+        else:
+            _spare_body = None
+        body.loop = loop
+        body.coro = coro
         prev = task_swap(loop, body)   # (C from here to the try's end: no Ctrl-C lands
         swapped = True                 # between the swap and the flag the finally reads)
         sent = PyIter_Send(coro, None, &res)
@@ -193,12 +336,14 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
     if suspended is not None:
         return aio.redo(rt, n, (<object>suspended).works)
     if sent == 0:                    # it returned y: recorded as a sync run is
-        if body is None:
-            pass
-        elif body._kept is None:
-            body._task = aio._DONE   # (the common case: nothing to hand on)
-        else:
+        if body.kept is not None:
             body._finished()
+        elif incr_refcnt(body) == 1 and not incr_has_weakrefs(body):
+            body.coro = None         # (the common case: nobody saw it, nothing to hand on:
+            body.loop = None         # kept for the next first step, as new)
+            _spare_body = body
+        else:
+            body.task = _DONE
         frames = None
         coro = None
         run_finish(rt, n, f, had, y, start)

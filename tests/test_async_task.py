@@ -162,3 +162,39 @@ def test_an_anyio_task_group_and_cancel_scope_inside_a_body_under_anyio_run():
     assert anyio.run(main) == (1 + 2 + 3, True)
     assert sorted(runs) == [0, 1, 2]
     rt._check()
+
+
+def test_a_body_task_that_someone_kept_is_never_handed_to_another_body():
+    """A body that finished in its first step leaves its task to the next first step only if
+    nobody kept it (incr/_core_async.pxi run_async, _spare_body): one kept by reference stays
+    that body's, done; one kept by weak reference dies with it."""
+    import weakref
+
+    rt = incr.Runtime()
+    seen, refs, runs = [], [], []
+
+    @incr.cell
+    async def holds(i):
+        runs.append(("holds", i))
+        seen.append(asyncio.current_task())
+        return i
+
+    @incr.cell
+    async def weak(i):
+        runs.append(("weak", i))
+        refs.append(weakref.ref(asyncio.current_task()))
+        return i
+
+    @incr.cell
+    async def plain(i):
+        runs.append(("plain", i))
+        return i
+
+    with rt:
+        for i in range(3):
+            assert holds(i) == i and plain(i) == i and weak(i) == i
+    assert sorted(runs) == sorted((k, i) for k in ("holds", "weak", "plain") for i in range(3))
+    assert len({id(t) for t in seen}) == 3
+    assert all(t.done() and not t.cancelled() for t in seen)
+    assert [r() for r in refs] == [None, None, None]
+    rt._check()
