@@ -1,6 +1,7 @@
 # Stabilize: one stabilization pass (Jane Street's stabilize, in Salsa's order). The dirty
 # observed instances are brought up to date in timestamp order (ensure); work that runs ahead
-# is run between rounds (ahead_round) and the pass runs again; an incr.Reject withdraws the
+# is run between rounds (ahead_round) and the pass runs again -- inside a running loop the
+# round is detached instead (ahead_detach: the pass unwinds and astabilize awaits it); an incr.Reject withdraws the
 # blamed candidate and the pass runs again (at most MAX_REJECTS); then the callbacks of the
 # observers whose value changed run, once, outside the trace.
 #

@@ -463,6 +463,21 @@ class Ahead:
 _carried: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # rt -> (serial, wanted)
 
 
+async def _threads_done(futs) -> None:
+    """Wait until every one of ``futs`` (concurrent futures of calls in worker threads) is
+    done or cancelled, whatever cancels the waiter meanwhile."""
+    for f in futs:
+        f.cancel()                  # (a call not started yet is never made)
+    while True:
+        left = [f for f in futs if not f.done()]
+        if not left:
+            return
+        try:
+            await asyncio.wait([asyncio.wrap_future(f) for f in left])
+        except asyncio.CancelledError:
+            continue
+
+
 class RoundCall:
     """One instance's calls of a detached round (Ahead.detach): work for incr._aio.do_works,
     keyed by the instance (rt.inflight), so that a second demander waits on it. ``drop``
@@ -482,18 +497,27 @@ class RoundCall:
     async def do(self, rt) -> None:
         try:
             results = []
-            for f, item in zip(self.futs, self.items):
-                w = asyncio.wrap_future(f)
-                deadline = item[3]
-                if deadline is None:
-                    results.append(await w)
-                    continue
-                done, _ = await asyncio.wait([w], timeout=max(0.0, deadline - time.monotonic()))
-                if done:
-                    results.append(w.result())
-                else:   # Budget(max_seconds) ran out with the call in flight: abandoned
-                    w.cancel()
-                    results.append((item, (_OutOfTime(), [], time.monotonic()), None))
+            try:
+                for f, item in zip(self.futs, self.items):
+                    w = asyncio.wrap_future(f)
+                    deadline = item[3]
+                    if deadline is None:
+                        results.append(await w)
+                        continue
+                    done, _ = await asyncio.wait([w],
+                                                 timeout=max(0.0, deadline - time.monotonic()))
+                    if done:
+                        results.append(w.result())
+                    else:   # Budget(max_seconds) ran out with the call in flight: abandoned
+                        w.cancel()
+                        results.append((item, (_OutOfTime(), [], time.monotonic()), None))
+            except asyncio.CancelledError:
+                # its last waiter is gone (a cancelled astabilize): the calls not started are
+                # cancelled; those running in a thread cannot be stopped, and no call
+                # outlives the cancellation -- it waits for them, their outcomes dropped
+                # (cancellation records nothing), the claim held until they end
+                await _threads_done(self.futs)
+                raise
             wanted = self.ahead._outcomes(results)
             serial, prev = wanted is None, _carried.get(rt)
             if prev is not None:

@@ -564,6 +564,54 @@ def test_a_call_a_detached_round_has_in_flight_is_not_made_again_for_another_tas
     rt._check()
 
 
+def test_a_cancelled_astabilize_waits_for_its_detached_rounds_calls_and_drops_them():
+    """Cancelling ``astabilize()`` while its detached run-ahead round has a sync generator
+    call running in a worker thread: the cancellation waits for that call (a thread cannot
+    be stopped; no call outlives the cancellation) and drops its outcome (cancellation
+    records nothing); the claim ends with it. A call that finished before the cancellation
+    was kept: the next astabilize takes it (g(1) called once) and calls g(0) again."""
+    rt = incr.Runtime(max_workers=4)
+    started = threading.Event()
+    release = threading.Event()
+    calls = {0: 0, 1: 0}
+    ended = {0: 0, 1: 0}
+
+    @incr.llm(version="1")
+    def g(k, *, previous=None, feedback=()):
+        calls[k] += 1
+        if k == 0 and calls[0] == 1:
+            started.set()
+            if not release.wait(5):
+                raise RuntimeError("never released")
+        ended[k] += 1
+        return k * 10
+
+    obs = [rt.observe(g, k) for k in range(2)]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with rt:
+            t = loop.create_task(rt.astabilize())
+            assert await loop.run_in_executor(None, started.wait, 5)
+            while ended[1] == 0:
+                await asyncio.sleep(0.001)
+            t.cancel()
+            for _ in range(10):
+                await asyncio.sleep(0)
+            assert not t.done()        # it waits for g(0)'s call, in its thread
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+            assert ended == {0: 1, 1: 1}
+            rt._check()
+            await rt.astabilize()
+
+    asyncio.run(main())
+    assert calls == {0: 2, 1: 1}
+    assert [o.value for o in obs] == [0, 10]
+    rt._check()
+
+
 def test_a_top_level_incr_gather_runs_async_generators_concurrently():
     """``incr.gather(...)`` from sync code (no cell, no loop running) of async LLM nodes made
     their calls one after the other (each on incr's loop, to completion); it now makes them
