@@ -490,7 +490,8 @@ cdef class Runtime:
                 "thread at a time (give each thread its own runtime, or wait for it)")
 
     def _reentrancy(self, what):
-        if self.frames and PyThread_get_thread_ident() != self.owner:
+        if other_busy(self) or (self.frames and PyThread_get_thread_ident() != self.owner):
+            # (another thread's pass, between its runs too: not this thread's stabilization)
             return self._other_thread()
         if self.frames:
             return (f"cannot {what} from inside the running cell "
