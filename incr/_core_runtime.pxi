@@ -202,14 +202,20 @@ cdef class Runtime:
             leave(self)
 
     def _batch_enter(self):
+        # A batch opened with no other thread's pass running claims the runtime for its
+        # thread until it closes (as a top-level demand does): another thread's pass or demand
+        # meanwhile is refused ('computing in another thread') rather than seeing half the
+        # batch, and another thread's sets are deferred to the revision after the batch's.
         if self.frames:
             raise ReentrancyError(self._reentrancy("start a batch"))
+        enter(self)
         self.batch_depth += 1
 
     def _batch_exit(self):
         self.batch_depth -= 1
         if self.batch_depth == 0:
             self.batch_bumped = False
+        leave(self)     # (other threads' sets made meanwhile: the next revision)
 
     def observe(self, cell, *args, **kwargs):
         """Observe one instance: ``stabilize()`` keeps it up to date and calls its callbacks.
@@ -490,7 +496,8 @@ cdef class Runtime:
                 "thread at a time (give each thread its own runtime, or wait for it)")
 
     def _reentrancy(self, what):
-        if self.frames and PyThread_get_thread_ident() != self.owner:
+        if other_busy(self) or (self.frames and PyThread_get_thread_ident() != self.owner):
+            # (another thread's pass, between its runs too: not this thread's stabilization)
             return self._other_thread()
         if self.frames:
             return (f"cannot {what} from inside the running cell "

@@ -461,3 +461,427 @@ def test_an_async_cell_that_catches_the_cycle_does_not_hang(how):
     assert out["cycle"] == ["ok", 0]             # q caught it: -1, and p is 1 + -1
     assert _counts(out["cycle_runs"]) == {"q": 1, "p": 1, "top": 1}
     assert out["after"] == ["ok", 1] and out["again"] == ["ok", 5]
+
+
+# -- (3) a hostile round: other threads, forks and signals during passes --------------------
+
+def test_sets_and_batches_from_another_thread_never_mix_within_a_pass():
+    # a writer thread sets x and y together in batches, then z alone, while the main thread
+    # stabilizes again and again: every run of top sees x == y (one batch, one revision) and
+    # both readers agree on z (one pass, one revision)
+    rt = incr.Runtime()
+    x, y, z = rt.input("x", 0), rt.input("y", 0), rt.input("z", 0)
+    seen = []
+
+    @incr.cell
+    def b():
+        return (x.get(), z.get())
+
+    @incr.cell
+    def c():
+        return (y.get(), z.get())
+
+    @incr.cell
+    def top():
+        seen.append((b(), c()))
+        return seen[-1]
+
+    o = rt.observe(top)
+    rt.stabilize()
+    stop, errors, N = threading.Event(), [], 300
+    refused = []
+
+    def writer():
+        try:
+            for i in range(1, N + 1):
+                with rt.batch():
+                    x.set(i)
+                    y.set(i)
+                z.set(i)
+        except BaseException as e:             # noqa: BLE001
+            errors.append(e)
+        finally:
+            stop.set()
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    while not stop.is_set():
+        try:
+            rt.stabilize()
+        except incr.IncrError as e:           # a batch applied at its close claims the runtime
+            assert "another thread" in str(e)
+            refused.append(e)
+    t.join(HANG)
+    assert errors == []
+    rt.stabilize()
+    assert o.value == ((N, N), (N, N))
+    for (bx, bz), (cy, cz) in seen:
+        assert bx == cy and bz == cz          # never a mix
+    assert len(seen) <= rt.revision + 1       # at most one run of top per revision
+    rt._check()
+
+
+def test_batches_from_another_thread_during_astabilize_are_one_revision_each():
+    rt = incr.Runtime()
+    x, y = rt.input("x", 0), rt.input("y", 0)
+    seen = []
+
+    @incr.cell
+    async def a():
+        await asyncio.sleep(0)
+        seen.append((x.get(), y.get()))
+        return seen[-1]
+
+    o = rt.observe(a)
+    stop, errors, N = threading.Event(), [], 100
+
+    def writer():
+        try:
+            for i in range(1, N + 1):
+                with rt.batch():
+                    x.set(i)
+                    y.set(i)
+        except BaseException as e:             # noqa: BLE001
+            errors.append(e)
+        finally:
+            stop.set()
+
+    async def main():
+        t = threading.Thread(target=writer, daemon=True)
+        t.start()
+        while not stop.is_set():
+            try:
+                await rt.astabilize()
+            except incr.IncrError as e:
+                assert "another thread" in str(e)
+            await asyncio.sleep(0)
+        t.join(HANG)
+        await rt.astabilize()
+
+    asyncio.run(main())
+    assert errors == []
+    assert o.value == (N, N)
+    assert all(vx == vy for vx, vy in seen)   # never half a batch
+    assert len(seen) <= N + 1
+    rt._check()
+
+
+def _llm_pass(rt, block):
+    """An LLM node whose generator waits for ``block`` at its first call (a pass held open)."""
+    calls = []
+    inside = threading.Event()
+
+    @incr.llm
+    def node(k, *, previous=None, feedback=()):
+        calls.append(k)
+        if not inside.is_set():
+            inside.set()
+            block.wait(HANG)
+        return f"v{k}"
+
+    return node, calls, inside
+
+
+def test_operations_from_another_thread_during_a_pass_refuse_clearly():
+    # rt.nack, rt.ack, rt.state, rt.observe, Observer.value and Observer.stop from another
+    # thread while a pass runs: an IncrError that says another thread computes (never a
+    # partial change); Input.set is deferred; rt.halt only sets a flag
+    rt = incr.Runtime()
+    block = threading.Event()
+    node, calls, inside = _llm_pass(rt, block)
+    x = rt.input("x", 1)
+
+    @incr.cell
+    def other():
+        return x.get()
+
+    o1 = rt.observe(node, 1)
+    o_other = rt.observe(other)
+    results = {}
+
+    def attack():
+        inside.wait(HANG)
+        for name, fn in [
+                ("nack", lambda: rt.nack(node, 1, revision=1, case="c")),
+                ("ack", lambda: rt.ack(node, 1, revision=1, case="c")),
+                ("state", lambda: rt.state(node, 1)),
+                ("observe", lambda: rt.observe(other)),
+                ("value", lambda: o_other.value),
+                ("stop", lambda: o_other.stop()),
+                ("stabilize", rt.stabilize),
+                ("set", lambda: x.set(2))]:
+            try:
+                fn()
+                results[name] = "ok"
+            except incr.IncrError as e:
+                results[name] = (type(e).__name__, "another thread" in str(e))
+            except BaseException as e:        # noqa: BLE001
+                results[name] = repr(e)
+        block.set()
+
+    t = threading.Thread(target=attack, daemon=True)
+    t.start()
+    rt.stabilize()
+    t.join(HANG)
+    assert results == {
+        "nack": ("IncrError", True), "ack": ("IncrError", True),
+        "state": ("IncrError", True), "observe": ("ReentrancyError", True),
+        "value": ("IncrError", True), "stop": ("IncrError", True),
+        "stabilize": ("ReentrancyError", True), "set": "ok"}
+    assert calls == [1] and o1.value == "v1"
+    assert repr(o_other).endswith("active>") and x.get() == 2 and rt.revision == 1
+    rt._check()
+    rt.stabilize()
+    assert o_other.value == 2 and calls == [1]
+    rt._check()
+
+
+def test_halt_from_another_thread_during_a_pass_stops_the_next_model_call():
+    rt = incr.Runtime()
+    block = threading.Event()
+    calls = []
+    inside = threading.Event()
+
+    @incr.validator
+    def never(candidate, k):
+        return incr.NACK("always", counterexample=candidate)
+
+    @incr.llm(validators=[never], budget=incr.Budget(max_attempts=50))
+    def node(k, *, previous=None, feedback=()):
+        calls.append(k)
+        if not inside.is_set():
+            inside.set()
+            block.wait(HANG)
+        return f"v{len(calls)}"
+
+    def halter():
+        inside.wait(HANG)
+        rt.halt("stop from a thread")
+        block.set()
+
+    t = threading.Thread(target=halter, daemon=True)
+    t.start()
+    with rt:
+        with pytest.raises(incr.NotAccepted) as ei:
+            node(1)
+    t.join(HANG)
+    assert ei.value.reason == "halted" and "stop from a thread" in ei.value.report
+    assert calls == [1]                       # the call in flight ended; no next call
+    assert rt.halted == "stop from a thread"
+    rt._check()
+    # resumed from yet another thread while nothing runs: the demand calls again
+    r = threading.Thread(target=rt.resume)
+    r.start()
+    r.join(HANG)
+    assert rt.halted is None
+    with rt:
+        with pytest.raises(incr.NotAccepted) as ei:
+            node(1)
+    assert ei.value.reason == "budget" and len(calls) > 1
+    rt._check()
+
+
+def test_resume_from_another_thread_during_a_halted_pass_takes_effect_at_the_next_one():
+    rt = incr.Runtime()
+    calls = []
+
+    @incr.llm
+    def node(k, *, previous=None, feedback=()):
+        calls.append(k)
+        return f"v{k}"
+
+    rt.halt("halted first")
+    o = rt.observe(node, 1)
+    with pytest.raises(incr.NotAccepted):
+        rt.stabilize()
+    assert calls == []
+    t = threading.Thread(target=rt.resume)
+    t.start()
+    t.join(HANG)
+    rt.stabilize()
+    assert o.value == "v1" and calls == [1]
+    rt._check()
+
+
+def test_a_forked_child_after_a_pass_can_use_the_runtime():
+    code, out = _subprocess("""
+        import os, incr
+        rt = incr.Runtime()
+        x = rt.input("x", 1)
+        runs = []
+        @incr.cell
+        def a():
+            runs.append(1)
+            return x.get() * 10
+        o = rt.observe(a)
+        rt.stabilize()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                x.set(2)
+                rt.stabilize()
+                ok = o.value == 20 and len(runs) == 2
+                with rt.batch():
+                    x.set(3)
+                rt.stabilize()
+                ok = ok and o.value == 30 and len(runs) == 3
+                rt._check()
+                os._exit(0 if ok else 3)
+            except BaseException as e:
+                print("child:", repr(e), flush=True)
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        x.set(5)
+        rt.stabilize()
+        print("parent", o.value, len(runs))
+    """)
+    assert code == 0, out
+    assert "child 0" in out and "parent 50 2" in out, out
+
+
+def test_a_child_forked_while_another_thread_computes_refuses_clearly():
+    code, out = _subprocess("""
+        import os, threading, incr
+        rt = incr.Runtime()
+        inside, go = threading.Event(), threading.Event()
+        @incr.cell
+        def slow():
+            inside.set()
+            go.wait(20)
+            return 1
+        t = threading.Thread(target=lambda: rt._demand_top(rt._instance(slow, (), {})))
+        t.start()
+        inside.wait(20)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                rt.stabilize()
+                os._exit(3)
+            except incr.IncrError as e:
+                os._exit(0 if "forked" in str(e) else 5)
+        go.set()
+        t.join(20)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        rt._check()
+        print("parent ok")
+    """)
+    assert code == 0, out
+    assert "child 0" in out and "parent ok" in out, out
+
+
+
+@pytest.mark.parametrize("how", ["stabilize", "astabilize", "workers"])
+def test_a_signal_handler_calling_halt_stops_the_loop_before_its_next_call(how):
+    rt = incr.Runtime(max_workers=4 if how == "workers" else None)
+    calls = []
+
+    @incr.validator
+    def never(candidate, k):
+        return incr.NACK("always", counterexample=candidate)
+
+    @incr.llm(validators=[never], budget=incr.Budget(max_attempts=50))
+    def node(k, *, previous=None, feedback=()):
+        calls.append(k)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGUSR1)   # the handler runs in the main thread
+        return f"v{len(calls)}"
+
+    old = signal.signal(signal.SIGUSR1, lambda *_: rt.halt("signal"))
+    try:
+        o = rt.observe(node, 1)
+        with pytest.raises(incr.NotAccepted) as ei:
+            if how == "astabilize":
+                asyncio.run(rt.astabilize())
+            else:
+                rt.stabilize()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert ei.value.reason == "halted" and "signal" in ei.value.report
+    # (in a worker thread, the signal waits for the main thread's next bytecode: at most
+    # the call in flight on either side)
+    assert 3 <= len(calls) <= 4
+    n = len(calls)
+    rt._check()
+    rt.resume()
+    with pytest.raises(incr.NotAccepted) as ei:
+        rt.stabilize()
+    assert ei.value.reason == "budget" and len(calls) > n and o.error is ei.value
+    rt._check()
+
+
+def test_a_pass_from_another_thread_never_sees_half_an_open_batch():
+    rt = incr.Runtime()
+    x, y = rt.input("x", 1), rt.input("y", 1)
+    seen = []
+
+    @incr.cell
+    def a():
+        seen.append((x.get(), y.get()))
+        return seen[-1]
+
+    o = rt.observe(a)
+    rt.stabilize()
+    opened, passed = threading.Event(), threading.Event()
+
+    def batch():
+        with rt.batch():
+            x.set(10)
+            opened.set()
+            passed.wait(HANG)
+            y.set(20)
+
+    t = threading.Thread(target=batch, daemon=True)
+    t.start()
+    opened.wait(HANG)
+    try:
+        rt.stabilize()                    # refused (another thread holds the runtime) or a
+    except incr.IncrError as e:           # pass on the revision before the batch
+        assert "another thread" in str(e)
+    passed.set()
+    t.join(HANG)
+    assert (10, 1) not in seen            # never half the batch
+    assert x.changed_at_revision == y.changed_at_revision == rt.revision == 1
+    rt.stabilize()
+    assert o.value == (10, 20) and seen[-1] == (10, 20)
+    rt._check()
+
+
+def test_a_set_from_another_thread_while_a_batch_is_open_is_the_next_revision():
+    """A batch opened with no pass running holds the runtime for its thread (Runtime._batch_enter):
+    another thread's set meanwhile is deferred to the revision after the batch's, so no
+    revision mixes the batch with it, and the one pass after sees all of it."""
+    rt = incr.Runtime()
+    x, y, z = rt.input("x", 1), rt.input("y", 1), rt.input("z", 1)
+    seen = []
+
+    @incr.cell
+    def a():
+        seen.append((x.get(), y.get(), z.get()))
+        return seen[-1]
+
+    o = rt.observe(a)
+    rt.stabilize()
+    r0 = rt.revision
+    opened, done = threading.Event(), threading.Event()
+
+    def other():
+        opened.wait(HANG)
+        z.set(30)                          # deferred: the batch holds the runtime
+        done.set()
+
+    t = threading.Thread(target=other, daemon=True)
+    t.start()
+    with rt.batch():
+        x.set(10)
+        opened.set()
+        assert done.wait(HANG)
+        assert z.peek() == 1 if hasattr(z, "peek") else True
+        y.set(20)
+    t.join(HANG)
+    assert x.changed_at_revision == y.changed_at_revision == r0 + 1
+    assert z.changed_at_revision == r0 + 2 == rt.revision
+    rt.stabilize()
+    assert o.value == (10, 20, 30) and len(seen) == 2
+    rt._check()
