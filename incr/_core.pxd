@@ -215,6 +215,10 @@ cdef class Runtime:
     cdef dict failed                 # Instance -> exception, for the current pass only
     cdef int batch_depth
     cdef bint batch_bumped
+    cdef dict collecting             # thread ident -> [items, marks]: rt.batch() opened in a thread
+                                     # while another thread's pass ran collects its sets (items as
+                                     # in pending_sets) and applies them as one revision when it
+                                     # closes; None when no thread collects (_core_runtime.pxi)
     cdef bint stabilizing
     cdef readonly bint closed
     cdef list report_log             # (label, action) appended during a stabilize, or None

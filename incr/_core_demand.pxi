@@ -125,8 +125,9 @@ cdef object demand_cold(Runtime rt, Instance n):
             if (<Frame>rt.frames[i]).node is n:
                 start = i
                 break
-        raise CycleError(labels[start:] + [n.label()] if n.flags & F_RUNNING
-                         else [n.label()] + labels[start:] + [n.label()])
+        raise CycleError(cycle_labels(rt, n, None, None)
+                         or (labels[start:] + [n.label()] if n.flags & F_RUNNING
+                             else [n.label()] + labels[start:] + [n.label()]))
     if not (n.flags & F_HAS_VALUE) and n in rt.failed:
         raise rt.failed[n]
     if rt.frames or rt.stabilizing:

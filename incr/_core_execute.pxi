@@ -10,7 +10,8 @@
 #   - a run unwound for async work (_Suspend, CancelledError) or whose work runs ahead
 #     (_Deferred) records nothing: the instance keeps value, edges and stamps;
 #   - I3: rewire keeps `dependents` the exact reverse of `deps`; I4: raise_ts puts n after its
-#     dependencies and pushes its dependents after it (explicit stack);
+#     dependencies and pushes its dependents after it (explicit stack); the trace stays
+#     acyclic: an edge that closes a cycle is dropped there (drop_cycle_edges);
 #   - a coroutine is never a value: a sync function that returns one fails with TypeError;
 #   - no allocation per sync run: its Frame comes from rt.free_frames and goes back there when
 #     nothing else holds it or its reads (a frame that escaped -- to incr.llm, to an async
@@ -296,6 +297,40 @@ cdef void raise_ts(Runtime rt, Instance n):
             continue
         for m in d.dependents:
             if m.ts <= d.ts:
+                if m is n:
+                    # a path from n back to n: n read what reads it (an async run's read
+                    # of an instance that was not on its stack then, which met n): the edges
+                    # into the cycle go (as a sync read's is never made), and d is done again
+                    drop_cycle_edges(rt, n)
+                    stack.append(d)
+                    break
                 rt.ts_clock += 1
                 m.ts = rt.ts_clock
                 stack.append(m)
+
+
+cdef void drop_cycle_edges(Runtime rt, Instance n):
+    # (the cold path of raise_ts) n's dependencies from which n is reached again go
+    cdef Node d
+    cdef list keep = []
+    for d in n.deps:
+        if not _reaches(d, n):
+            keep.append(d)
+    rewire(rt, n, n.deps, keep)
+
+
+cdef bint _reaches(Node start, Instance n):
+    # n is a transitive dependency of start (an explicit stack: depth is no recursion)
+    cdef Node d, e
+    cdef set seen = set()
+    cdef list todo = [start]
+    while todo:
+        d = <Node>todo.pop()
+        if d is n:
+            return True
+        if not isinstance(d, Instance) or d in seen:
+            continue
+        seen.add(d)
+        for e in (<Instance>d).deps:
+            todo.append(e)
+    return False

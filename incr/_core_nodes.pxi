@@ -664,11 +664,11 @@ class _Batch:
         self.rt = rt
 
     def __enter__(self):
-        self.rt._batch_enter()
+        self.rt._batch_open()
         return self.rt
 
     def __exit__(self, *exc):
-        self.rt._batch_exit()
+        self.rt._batch_close(exc[0] is not None)
         return False
 
 

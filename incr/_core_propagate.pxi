@@ -9,6 +9,7 @@
 #   - I5: an observed instance made dirty is queued in rt.dirty_observed;
 #   - never a mix within a pass: during another thread's pass (or with frames on another
 #     thread) a set is queued in rt.pending_sets and applied by leave() as the next revision;
+#     a batch opened then collects its sets (rt.collecting) and queues them as one revision;
 #     on the computing thread, a set inside a computation or a stabilization is a
 #     ReentrancyError.
 
@@ -33,9 +34,20 @@ cdef void dirty_from(Runtime rt, Node n):
 
 
 cdef bint deferring(Runtime rt):
-    # another thread's pass works on the current revision: a change now forms the next one
+    # another thread's pass works on the current revision: a change now forms the next one;
+    # or this thread's rt.batch() collects (opened during another thread's pass)
+    if rt.collecting is not None and PyThread_get_thread_ident() in rt.collecting:
+        return True
     return other_busy(rt) or (rt.frames and PyThread_get_thread_ident() != rt.owner
                               and rt.busy_depth)
+
+
+cdef inline list collected(Runtime rt):
+    # the sets this thread's collecting batch holds, or None (not collecting)
+    if rt.collecting is None:
+        return None
+    st = rt.collecting.get(PyThread_get_thread_ident())
+    return None if st is None else <list>(<list>st)[0]
 
 
 cdef bint defer_op(Runtime rt, object op) except -1:
@@ -45,18 +57,23 @@ cdef bint defer_op(Runtime rt, object op) except -1:
     # False (the caller makes the change now). Nothing between the test and the queueing
     # calls out.
     check_usable(rt)
+    cdef list items
     if deferring(rt):
-        rt.pending_sets.append((None, op))
+        items = collected(rt)
+        (rt.pending_sets if items is None else items).append((None, op))
         return True
     return False
 
 
 cdef void set_input(Runtime rt, Input inp, object value) except *:
     check_usable(rt)
+    cdef list items
     if deferring(rt):
         # another thread's pass works on the current revision: this change forms the
-        # next one, applied when that pass ends (never a mix of old and new in it)
-        rt.pending_sets.append((inp, value))
+        # next one, applied when that pass ends (never a mix of old and new in it); in a
+        # collecting batch, part of the batch's revision
+        items = collected(rt)
+        (rt.pending_sets if items is None else items).append((inp, value))
         return
     if rt.frames:
         raise ReentrancyError(rt._reentrancy(f"set input {inp.name!r}"))

@@ -66,6 +66,7 @@ cdef class Runtime:
         self.report_log = None
         self.batch_depth = 0
         self.batch_bumped = False
+        self.collecting = None
         self.stabilizing = False
         self.closed = False
         self.store = None
@@ -143,20 +144,78 @@ cdef class Runtime:
         """A context manager: every ``set`` inside it forms one revision.
 
         A batch is not a transaction: if its body raises, the sets made before the exception
-        stay (as one revision).
+        stay (as one revision). Opened in a thread while another thread's pass runs, it
+        collects its sets instead (its body still reads the old values) and applies them,
+        as one revision, when it closes: after that pass, if it is still running (the
+        pass never sees any of them). Such a batch whose body raises applies nothing.
         """
         check_usable(self)
         return _Batch(self)
 
+    def _batch_open(self):
+        """rt.batch()'s __enter__: this thread's collecting batch nests; a batch opened
+        while another thread's pass runs collects (rt.collecting); else the sets are made
+        at once inside _batch_enter's batch."""
+        cdef unsigned long me = PyThread_get_thread_ident()
+        st = None if self.collecting is None else self.collecting.get(me)
+        if st is not None:
+            (<list>(<list>st)[1]).append(len(<list>(<list>st)[0]))   # a nested batch's mark
+            return
+        if (deferring(self) and not self.closed
+                and not (self.prefetch is not None and self.prefetch.is_worker())):
+            # (nothing calls out between the test and the claim: no pass slips in)
+            if self.collecting is None:
+                self.collecting = {}
+            self.collecting[me] = [[], [0]]
+            return
+        self._batch_enter()
+
+    def _batch_close(self, bint raised):
+        """rt.batch()'s __exit__: a collecting batch that raised drops what it collected
+        since it opened; the outermost one applies the rest as one revision, queued after
+        another thread's pass if one runs, else now with the runtime claimed (enter)."""
+        cdef unsigned long me = PyThread_get_thread_ident()
+        st = None if self.collecting is None else self.collecting.get(me)
+        if st is None:
+            self._batch_exit()
+            return
+        cdef list items = <list>(<list>st)[0]
+        cdef list marks = <list>(<list>st)[1]
+        cdef Py_ssize_t mark = marks.pop()
+        if raised:
+            del items[mark:]
+        if marks:
+            return
+        del self.collecting[me]
+        if not self.collecting:
+            self.collecting = None
+        if not items or self.closed:
+            return
+        op = _BatchOp(self, items)
+        if deferring(self):
+            self.pending_sets.append((None, op))   # (no call out since the test)
+            return
+        enter(self)
+        try:
+            apply_batch(self, items, False)
+        finally:
+            leave(self)
+
     def _batch_enter(self):
+        # A batch opened with no other thread's pass running claims the runtime for its
+        # thread until it closes (as a top-level demand does): another thread's pass or demand
+        # meanwhile is refused ('computing in another thread') rather than seeing half the
+        # batch, and another thread's sets are deferred to the revision after the batch's.
         if self.frames:
             raise ReentrancyError(self._reentrancy("start a batch"))
+        enter(self)
         self.batch_depth += 1
 
     def _batch_exit(self):
         self.batch_depth -= 1
         if self.batch_depth == 0:
             self.batch_bumped = False
+        leave(self)     # (other threads' sets made meanwhile: the next revision)
 
     def observe(self, cell, *args, **kwargs):
         """Observe one instance: ``stabilize()`` keeps it up to date and calls its callbacks.
@@ -437,7 +496,8 @@ cdef class Runtime:
                 "thread at a time (give each thread its own runtime, or wait for it)")
 
     def _reentrancy(self, what):
-        if self.frames and PyThread_get_thread_ident() != self.owner:
+        if other_busy(self) or (self.frames and PyThread_get_thread_ident() != self.owner):
+            # (another thread's pass, between its runs too: not this thread's stabilization)
             return self._other_thread()
         if self.frames:
             return (f"cannot {what} from inside the running cell "
@@ -646,3 +706,109 @@ cdef class Runtime:
             h = value_hash(self, d) if d.flags & F_HAS_VALUE else b""
             out.append((_node_label(d), d.changed_rev, h or None))
         return out
+
+
+cdef void apply_batch(Runtime rt, list items, bint warn) except *:
+    # A collecting batch's sets (and input maps' operations), as one revision of their own:
+    # the batch counters of the runtime are set aside meanwhile (a batch open in another
+    # thread does not absorb them). With warn (after another thread's pass: nobody to raise
+    # to), a set that raises (its value's __eq__) is a RuntimeWarning and the rest are made.
+    cdef int depth = rt.batch_depth
+    cdef bint bumped = rt.batch_bumped
+    cdef long long rev = rt.revision
+    rt.batch_depth = 1
+    rt.batch_bumped = False
+    try:
+        for inp, value in items:
+            try:
+                if inp is None:
+                    value()
+                else:
+                    apply_set(rt, <Input>inp, value)
+            except Exception as e:
+                if not warn:
+                    raise
+                what = "a change" if inp is None else f"input {(<Input>inp).name!r}"
+                _warnings.warn(f"incr: {what} of a batch made during the pass could not be "
+                               f"made after it ({e!r}); make it again", RuntimeWarning)
+    finally:
+        rt.batch_depth = depth
+        # a batch still open in another thread moves to a revision of its own at its next set
+        rt.batch_bumped = bumped and rt.revision == rev
+
+
+class _BatchOp:
+    """A collecting batch's sets, queued in rt.pending_sets as one operation."""
+    __slots__ = ("rt", "items")
+
+    def __init__(self, rt, items):
+        self.rt = rt
+        self.items = items
+
+    def __call__(self):
+        apply_batch(self.rt, self.items, True)
+
+
+cdef list cycle_labels(Runtime rt, Instance n, list stack, Instance m):
+    # The labels of the cycle n -> ... -> n when n, on the stack, is demanded again: by the
+    # innermost running frame (demand_cold: stack and m None), or as a dependency of m, the
+    # top of ensure()'s verification ``stack`` (_core_verify.pxi). Walked forward from n: a
+    # frame's node goes on to what it demanded (the next frame's node, through the
+    # verification walk that frame started: its last reads, then walk_at), a node being
+    # verified to the dependency it pushed (deps[walk_at]), the innermost frame to
+    # ``stack``. None when the chain cannot be followed (the caller says less).
+    cdef list frames = rt.frames
+    cdef Py_ssize_t i, j, k, nf = len(frames)
+    cdef Instance cur = n, end, x
+    cdef list path = [n]
+    cdef set seen = {n}
+    cdef object nxt
+    if m is not None:
+        end = m
+    elif nf:
+        end = (<Frame>frames[nf - 1]).node
+    else:
+        return None
+    while cur is not end:
+        if stack is not None:
+            for k in range(len(stack)):
+                if stack[k] is cur:
+                    path.extend(stack[k + 1:])
+                    cur = end
+                    break
+            if cur is end:
+                break
+        i = -1
+        for j in range(nf - 1, -1, -1):
+            if (<Frame>frames[j]).node is cur:
+                i = j
+                break
+        nxt = None
+        if i == nf - 1:
+            if not stack:
+                return None
+            nxt = stack[0]
+        elif i >= 0:
+            target = (<Frame>frames[i + 1]).node
+            reads = (<Frame>frames[i]).reads
+            for k in range(len(reads) - 1, -1, -1):
+                x = reads[k] if isinstance(reads[k], Instance) else None
+                if x is None:
+                    continue
+                if x is target:
+                    nxt = x
+                    break
+                if x.flags & F_VERIFYING:
+                    nxt = x
+                    break
+        elif cur.flags & F_VERIFYING and 0 <= cur.walk_at < len(cur.deps):
+            nxt = cur.deps[cur.walk_at]
+        if nxt is None or not isinstance(nxt, Instance) or nxt in seen:
+            return None
+        if not ((<Instance>nxt).flags & (F_VERIFYING | F_RUNNING)):
+            return None
+        cur = <Instance>nxt
+        seen.add(cur)
+        path.append(cur)
+    path.append(n)
+    return [(<Instance>x).label() for x in path]

@@ -146,7 +146,8 @@ cdef object ensure(Runtime rt, Instance n):
                         if rt.inflight and elsewhere(rt, d):
                             raise _Suspend([_aio_mod().Wait(d)])   # another task runs it
                         if d.flags & (F_VERIFYING | F_RUNNING):
-                            raise CycleError([m.label(), _node_label(d), m.label()])
+                            raise CycleError(cycle_labels(rt, <Instance>d, stack, m)
+                                             or [m.label(), _node_label(d), m.label()])
                         if rt.demand_ahead == 1:
                             ahead_trigger(rt, m, d)   # gathered: walk again, run-ahead open
                         m.walk_at = <int>i

@@ -1546,14 +1546,11 @@ def test_gather_raises_the_first_thunks_exception_whatever_finishes_first():
     rt._check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`with rt.batch(): x.set(10); y.set(20)` from another thread while a pass is in flight "
-    "raises ReentrancyError ('computing in another thread') and changes nothing, where the "
-    "same two sets without the batch are accepted and deferred (CONCURRENCY.md rule 1: 'a set "
-    "from outside the pass must not fail'). A thread that wants its changes applied together "
-    "has no way to make them while another thread computes; the batch should be deferred as "
-    "one revision (incr/_core_runtime.pxi Runtime.batch)"))
 def test_a_batch_from_another_thread_during_a_pass_is_the_next_revision():
+    """`with rt.batch(): x.set(10); y.set(20)` from another thread while a pass is in flight
+    is collected and applied as one revision when the pass ends (was a ReentrancyError
+    'computing in another thread' that changed nothing). Fixed: incr/_core_runtime.pxi
+    Runtime._batch_open / _batch_close; more in tests/test_threads_v5.py."""
     rt = incr.Runtime()
     x, y = rt.input("x", 1), rt.input("y", 1)
     inside, go = threading.Event(), threading.Event()
@@ -1563,8 +1560,10 @@ def test_a_batch_from_another_thread_during_a_pass_is_the_next_revision():
         if not inside.is_set():
             inside.set()
             go.wait(10)
-        return x.get() + y.get()
+        seen.append(x.get() + y.get())
+        return seen[-1]
 
+    seen = []
     o = rt.observe(a)
     errors = []
 
@@ -1584,9 +1583,11 @@ def test_a_batch_from_another_thread_during_a_pass_is_the_next_revision():
     rt.stabilize()
     t.join(10)
     assert errors == []
-    assert o.value == 2                       # the pass in flight saw revision R
-    rt.stabilize()
-    assert o.value == 30
+    assert seen == [2]                        # the pass in flight saw revision R
+    assert rt.revision == 1                   # the batch: one revision, applied after it
+    assert (x.get(), y.get()) == (10, 20)
+    rt.stabilize()                            # (o.value would stabilize first itself)
+    assert o.value == 30 and seen == [2, 30]
     rt._check()
 
 
