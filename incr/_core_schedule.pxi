@@ -25,6 +25,11 @@
 #     old value out (ensure raises _Deferred), and whatever reads it is marked and waits;
 #   - an instance is listed in rt.ahead_marked when it is marked F_AHEAD (not later: a walk
 #     unwound by an exception in between would leave a mark no round clears);
+#   - a call set aside keeps the labels of the CycleError a read of each instance then on
+#     the stack would raise (_stack_cycles); running ahead, it meets that error at such a
+#     read, as the serial call would, and the run taking its outcome keeps it only if the
+#     read would raise the same error there (_stack_cycles_hold): a call that closes a cycle
+#     is made once, not handed over again round after round;
 #   - a round runs everything handed over at once; after 32 rounds, or when nothing could run,
 #     the Ahead is stopped and the rest of the pass is serial; a second round in a row with
 #     nothing to run (no progress) raises an internal IncrError instead of looping.

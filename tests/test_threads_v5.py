@@ -469,6 +469,26 @@ def test_an_llm_node_that_catches_the_cycle_it_closes_is_called_once_with_worker
     assert out["again"] == serial["again"] == ["ok", 5]
 
 
+def test_an_outcome_met_at_a_cycle_is_kept_only_while_the_read_would_still_raise_it():
+    # incr.llmnodes _ahead keeps the outcome of a call that met a CycleError running ahead
+    # only if that instance is on the stack with the same cycle (_core._stack_cycles_hold)
+    from incr import _core
+    rt = incr.Runtime()
+
+    @incr.cell
+    def a():
+        c = _core._stack_cycles(rt, rt._running())
+        return c, _core._stack_cycles_hold(rt, list(c.items()))
+
+    o = rt.observe(a)
+    rt.stabilize()
+    cycles, held = o.value
+    assert [(n.label_text, labels) for n, labels in cycles.items()] == [("a()", ("a()", "a()"))]
+    assert held                                                   # in a's run: it would
+    assert not _core._stack_cycles_hold(rt, list(cycles.items()))  # a is on no stack now
+    assert _core._stack_cycles(rt, None) is None                   # no frame: nothing to give
+
+
 def test_an_llm_node_closing_a_cycle_with_workers_is_still_a_cycle_error():
     # (what holds with max_workers>1 despite the extra calls above)
     out = _cycle("llm", "4")
