@@ -379,6 +379,7 @@ cdef void ahead_wanted(Runtime rt) except *   # what stopped calls running ahead
 cdef void ahead_close(Runtime rt)
 cdef object ahead_detach(Runtime rt, int rounds)   # inside a running loop: the round's claims
 cdef int ahead_ship(Runtime rt, Instance m, list stack) except -1   # an executor
+cdef list stack_cycle(Runtime rt, Instance n)   # the CycleError's labels: a read of n on the stack
 cdef object lend_pass(Runtime rt, list todo)       # a pass lends its ready observed instances
 cdef object lend_open(Runtime rt, list jobs, bint thunks)
 cdef void lend_close(Runtime rt, object lending) except *

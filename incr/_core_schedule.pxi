@@ -25,6 +25,11 @@
 #     old value out (ensure raises _Deferred), and whatever reads it is marked and waits;
 #   - an instance is listed in rt.ahead_marked when it is marked F_AHEAD (not later: a walk
 #     unwound by an exception in between would leave a mark no round clears);
+#   - a call set aside keeps the labels of the CycleError a read of each instance then on
+#     the stack would raise (_stack_cycles); running ahead, it meets that error at such a
+#     read, as the serial call would, and the run taking its outcome keeps it only if the
+#     read would raise the same error there (_stack_cycles_hold): a call that closes a cycle
+#     is made once, not handed over again round after round;
 #   - a round runs everything handed over at once; after 32 rounds, or when nothing could run,
 #     the Ahead is stopped and the rest of the pass is serial; a second round in a row with
 #     nothing to run (no progress) raises an internal IncrError instead of looping.
@@ -113,6 +118,7 @@ cdef void ahead_wanted(Runtime rt) except *:
     cdef Instance n
     cdef int k
     cdef bint pending
+    cdef set again = set()
     wanted = rt.prefetch.wanted
     rt.prefetch.wanted = []
     for k in range(32):
@@ -136,6 +142,15 @@ cdef void ahead_wanted(Runtime rt) except *:
         ahead_clear(rt)
         if not pending or not rt.prefetch.run():
             break
+        # a call of that round stopped again at a node it waits for, whose own bring-up
+        # waits for the call (a cycle a stack snapshot did not show: _stack_cycles): a
+        # second time in a row, the Ahead stops -- the serial pass meets it, at once
+        for n in rt.prefetch.wanted:
+            if n in wanted:
+                if n in again:
+                    rt.prefetch.stop()
+                    return
+                again.add(n)
     for n in wanted:
         if _needs_work(n):
             rt.prefetch.stop()
@@ -176,6 +191,65 @@ def _round_claim(Runtime rt, Instance n, bint on):
         n.flags |= F_RUNNING
     else:
         n.flags &= ~F_RUNNING
+
+
+cdef list stack_cycle(Runtime rt, Instance n):
+    # the labels of the CycleError a read of n -- on the stack (F_RUNNING | F_VERIFYING) --
+    # raises now from the innermost frame: demand_cold's, the same words
+    cdef Py_ssize_t i, start = 0
+    labels = [(<Frame>f).node.label() for f in rt.frames]
+    for i in range(len(rt.frames)):
+        if (<Frame>rt.frames[i]).node is n:
+            start = i
+            break
+    return (cycle_labels(rt, n, None, None)
+            or (labels[start:] + [n.label()] if n.flags & F_RUNNING
+                else [n.label()] + labels[start:] + [n.label()]))
+
+
+def _stack_cycles(Runtime rt, Instance m):
+    """incr.remote.Ahead.add, in m's run (the innermost frame), a call set aside: for each
+    instance on the driver's stack now that the call could read -- m, what reads m (its
+    dependents, through those on the stack) and the frames' instances -- the labels of the
+    CycleError that read raises in a serial run. A call running ahead that reads one of them
+    raises that CycleError in its worker thread (the serial call would, at that read), and
+    the run that takes its outcome checks that the read still would (_stack_cycles_hold).
+    None when there is nothing to give (no frame, async work in flight: a wait, not a
+    cycle)."""
+    cdef Instance x, d
+    cdef Frame f
+    if not rt.frames or rt.inflight or (<Frame>rt.frames[len(rt.frames) - 1]).node is not m:
+        return None
+    out = {}
+    todo = []
+    for f in rt.frames:
+        if f.node.flags & (F_RUNNING | F_VERIFYING) and f.node not in out:
+            out[f.node] = None
+            todo.append(f.node)
+    if m not in out:
+        out[m] = None
+        todo.append(m)
+    while todo:
+        x = todo.pop()
+        for d in x.dependents or ():
+            if d not in out and d.flags & (F_RUNNING | F_VERIFYING):
+                out[d] = None
+                todo.append(d)
+    for x in list(out):
+        out[x] = tuple(stack_cycle(rt, x))
+    return out
+
+
+def _stack_cycles_hold(Runtime rt, list reads):
+    """incr.llmnodes, a run taking the outcome of a call that ran ahead and raised a
+    CycleError at a read of an instance on the stack (reads: (instance, labels)): whether
+    each read would raise that same CycleError now."""
+    cdef Instance n
+    for n, labels in reads:
+        if not (n.flags & (F_RUNNING | F_VERIFYING)) or rt.inflight \
+                or tuple(stack_cycle(rt, n)) != labels:
+            return False
+    return True
 
 
 cdef int ahead_ship(Runtime rt, Instance m, list stack) except -1:

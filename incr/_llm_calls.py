@@ -548,7 +548,7 @@ class _Calls:
         ahead = self.st.prefetched.get(key)
         if ahead is None:
             return _NOTHING
-        outcome, reads, seconds = ahead
+        outcome, reads, seconds = ahead[:3]
         # (a call abandoned at the deadline carries no duration of its own: see _ended)
         self.ahead_seconds = (seconds if isinstance(seconds, (int, float))
                               and not isinstance(outcome, _OutOfTime) else None)
@@ -557,6 +557,11 @@ class _Calls:
             self.rt._read(d)      # (a read that waits sets this run aside: the result stays)
             if d._changed_at != at:
                 fresh = False
+        if len(ahead) > 3 and fresh:
+            # it met a CycleError at a read of an instance on the stack (incr.remote
+            # Ahead._call): kept only if that read would raise the same one here
+            from incr import _core
+            fresh = _core._stack_cycles_hold(self.rt, ahead[3])
         del self.st.prefetched[key]
         return outcome if fresh else _NOTHING
 

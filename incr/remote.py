@@ -33,7 +33,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from incr import keys as _keys
-from incr.errors import _Deferred, _OutOfTime
+from incr.errors import CycleError, _Deferred, _OutOfTime
 
 MAX_RESTARTS = 8
 
@@ -169,8 +169,13 @@ class Ahead:
         """Set ``call`` (no arguments) aside; its outcome goes to ``st.prefetched[key]``.
         Past ``deadline`` (time.monotonic()) it is not waited for: its outcome is
         incr.errors._OutOfTime, and whatever it returns later is never used."""
-        # (the instance whose run set it aside: a detached round claims it, RoundCall)
-        self.pending.append((st, key, call, deadline, self.rt._running()))
+        # (the instance whose run set it aside: a detached round claims it, RoundCall; and
+        # the CycleError a read of each instance on the stack now raises, _stack_cycles: a
+        # serial call that reads one raises it there, so the call running ahead does too)
+        from incr import _core
+        inst = self.rt._running()
+        cycles = _core._stack_cycles(self.rt, inst) if inst is not None else None
+        self.pending.append((st, key, call, deadline, inst, cycles))
 
     def is_worker(self) -> bool:
         """True in a worker thread running a call set aside (not in any other thread)."""
@@ -358,6 +363,8 @@ class Ahead:
         loc = self._local
         loc.log = []
         loc.stopped = None
+        loc.cycles = item[5]
+        loc.cycle_reads = []
         t0 = time.monotonic()
         try:
             out = fn()
@@ -369,7 +376,13 @@ class Ahead:
             out = e
         finally:
             reads, loc.log = loc.log, None
+            cycle_reads, loc.cycle_reads, loc.cycles = loc.cycle_reads, None, None
             loc.stopped = None
+        if cycle_reads:
+            # it read an instance on the driver's stack and met the CycleError a serial call
+            # meets there: the run taking this outcome checks the read still would
+            # (incr.llmnodes _ahead, _core._stack_cycles_hold)
+            return item, (out, reads, time.monotonic() - t0, cycle_reads), None
         return item, (out, reads, time.monotonic() - t0), None
 
     def _outcomes(self, results) -> tuple:
@@ -827,6 +840,14 @@ def _worker_demand(self, n):
     loc = self._local
     cells = getattr(loc, "cells", None)
     if cells is None:                       # an LLM generator or validator running ahead:
+        cycles = getattr(loc, "cycles", None)
+        if cycles is not None and n in cycles:
+            # n was on the driver's stack when the call was set aside: the serial call's
+            # read raises this CycleError (demand_cold); so does this one, and the call
+            # goes on as the serial one would (its read of n not logged, as no edge into a
+            # cycle is recorded)
+            loc.cycle_reads.append((n, cycles[n]))
+            raise CycleError(list(cycles[n]))
         loc.stopped = n                     # the driver may bring n up to date (wanted)
         raise _Deferred(n.label_text)
     got = cells.get(n)

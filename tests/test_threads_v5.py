@@ -336,6 +336,17 @@ if mode == "llm":
     def q(*, previous=None, feedback=()):
         runs.append("q")
         return str(top() + 1) if flag.get() else "0"
+elif mode == "llm_catch":
+    @incr.llm
+    def q(*, previous=None, feedback=()):
+        runs.append("q")
+        if not flag.get():
+            return "0"
+        try:
+            return str(top() + 1)
+        except incr.CycleError as e:
+            runs.append("caught " + " ".join(e.cycle))
+            return "-1"
 elif mode == "async":
     @incr.cell
     async def q():
@@ -425,17 +436,57 @@ def test_a_cycle_closed_by_a_flag_is_a_cycle_error_naming_it(mode, mw):
     assert out["again"] == ["ok", 5] and _counts(out["again_runs"])["r"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "with max_workers>1 an LLM node's generator that closes the cycle (it reads top(), on the "
-    "driver's verification stack) runs ahead in a worker thread once per round: its call "
-    "stops at top, is handed over again, 33 generator (model) calls where max_workers=1 makes "
-    "1 (docs/concurrency.md: 'the same answer as a serial run'). The run-ahead should stop "
-    "(prefetch.stop()) when a call stops at a node on the stack (F_VERIFYING/F_RUNNING): "
-    "incr/_core_schedule.pxi ahead_round / ahead_wanted, incr/remote.py Ahead.worker_demand"))
-def test_an_llm_node_closing_a_cycle_is_called_once_with_workers():
-    out = _cycle("llm", "4")
-    assert out["cycle"] == ["cycle", ["top()", "p()", "q()", "top()"]]
-    assert _counts(out["cycle_runs"])["q"] == 1
+@pytest.mark.parametrize("how", ["stabilize", "astabilize"])
+def test_an_llm_node_closing_a_cycle_is_called_once_with_workers(how):
+    # its generator runs ahead in a worker thread and reads top(), which was on the driver's
+    # stack when the call was set aside: it meets there the CycleError the serial call meets
+    # (incr.remote Ahead._call, _core_schedule.pxi _stack_cycles) instead of stopping and
+    # being handed over again, round after round (33 calls before; 4 with only the guard in
+    # ahead_wanted). Same answer, statuses and model calls as max_workers=1
+    serial = _cycle("llm", "1", how)
+    out = _cycle("llm", "4", how)
+    assert out["cycle"] == serial["cycle"] == ["cycle", ["top()", "p()", "q()", "top()"]]
+    assert _counts(out["cycle_runs"]) == _counts(serial["cycle_runs"]) == {
+        "q": 1, "p": 1, "top": 1}
+    for step in ("after", "again"):
+        assert out[step] == serial[step]
+        assert _counts(out[step + "_runs"]).get("q", 0) == _counts(serial[step + "_runs"]).get("q", 0)
+    assert out["after"] == ["ok", 1] and out["again"] == ["ok", 5]
+
+
+@pytest.mark.parametrize("how", ["stabilize", "astabilize"])
+def test_an_llm_node_that_catches_the_cycle_it_closes_is_called_once_with_workers(how):
+    # the CycleError met in the worker thread is caught by the generator, which goes on: its
+    # outcome is kept (the read would raise the same error in the pass taking it), so the
+    # model is called once, as with max_workers=1
+    serial = _cycle("llm_catch", "1", how)
+    out = _cycle("llm_catch", "4", how)
+    assert serial["cycle"] == ["ok", 0]            # q caught it: "-1", and p is 1 + -1
+    assert out["cycle"] == serial["cycle"]
+    assert _counts(out["cycle_runs"]) == _counts(serial["cycle_runs"]) == {
+        "q": 1, "caught top() p() q() top()": 1, "p": 1, "top": 1}
+    assert out["after"] == serial["after"] == ["ok", 1]
+    assert out["again"] == serial["again"] == ["ok", 5]
+
+
+def test_an_outcome_met_at_a_cycle_is_kept_only_while_the_read_would_still_raise_it():
+    # incr.llmnodes _ahead keeps the outcome of a call that met a CycleError running ahead
+    # only if that instance is on the stack with the same cycle (_core._stack_cycles_hold)
+    from incr import _core
+    rt = incr.Runtime()
+
+    @incr.cell
+    def a():
+        c = _core._stack_cycles(rt, rt._running())
+        return c, _core._stack_cycles_hold(rt, list(c.items()))
+
+    o = rt.observe(a)
+    rt.stabilize()
+    cycles, held = o.value
+    assert [(n.label_text, labels) for n, labels in cycles.items()] == [("a()", ("a()", "a()"))]
+    assert held                                                   # in a's run: it would
+    assert not _core._stack_cycles_hold(rt, list(cycles.items()))  # a is on no stack now
+    assert _core._stack_cycles(rt, None) is None                   # no frame: nothing to give
 
 
 def test_an_llm_node_closing_a_cycle_with_workers_is_still_a_cycle_error():
