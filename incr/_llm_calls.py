@@ -30,6 +30,7 @@ from typing import Any, Callable
 from incr import events
 from incr import keys as _keys
 from incr import _aio
+from incr import _core
 from incr.errors import NotAccepted, Reject, _Deferred, _OutOfTime, _Suspend
 from incr._llm_book import _GraphBudget, _emit, _graph_figures, _graph_spent, _graph_take
 from incr._llm_ledger import _attempt_of, _best, _ledger_add
@@ -560,7 +561,6 @@ class _Calls:
         if len(ahead) > 3 and fresh:
             # it met a CycleError at a read of an instance on the stack (incr.remote
             # Ahead._call): kept only if that read would raise the same one here
-            from incr import _core
             fresh = _core._stack_cycles_hold(self.rt, ahead[3])
         del self.st.prefetched[key]
         return outcome if fresh else _NOTHING
