@@ -215,6 +215,9 @@ cdef class Runtime:
     cdef dict failed                 # Instance -> exception, for the current pass only
     cdef int batch_depth
     cdef bint batch_bumped
+    cdef unsigned long batch_thread  # the thread of the open batch made at once (no pass ran
+                                     # when it opened), or 0: other threads' passes and demands
+                                     # are refused meanwhile, their sets deferred (other_busy)
     cdef dict collecting             # thread ident -> [items, marks]: rt.batch() opened in a thread
                                      # while another thread's pass ran collects its sets (items as
                                      # in pending_sets) and applies them as one revision when it

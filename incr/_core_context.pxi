@@ -31,7 +31,10 @@ def _after_fork_in_child():
     me = PyThread_get_thread_ident()
     for r in list(_runtimes):
         rt = <Runtime>r
-        if rt.busy_depth and rt.busy_thread != me or (rt.frames and rt.owner != me):
+        if rt.collecting:       # (other threads' collecting batches never close here)
+            rt.collecting = {k: v for k, v in rt.collecting.items() if k == me} or None
+        if (rt.busy_depth and rt.busy_thread != me or (rt.frames and rt.owner != me)
+                or (rt.batch_thread and rt.batch_thread != me)):
             rt.forked_mid_run = (
                 "this incr.Runtime was computing in another thread when the process forked, "
                 "and that computation does not exist in the child; create a new Runtime in the "
@@ -39,6 +42,7 @@ def _after_fork_in_child():
             rt.closed = True
             rt.busy_depth = 0
             rt.busy_thread = 0
+            rt.batch_thread = 0
 
 
 if hasattr(_os, "register_at_fork"):

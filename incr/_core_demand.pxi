@@ -210,7 +210,9 @@ cdef void check_usable(Runtime rt) except *:
 
 cdef inline bint other_busy(Runtime rt):
     # another thread is in a top-level demand or stabilize of this runtime
-    return rt.busy_depth and rt.busy_thread != PyThread_get_thread_ident()
+    # (or holds an open batch: Runtime._batch_enter)
+    return ((rt.busy_depth and rt.busy_thread != PyThread_get_thread_ident())
+            or (rt.batch_thread != 0 and rt.batch_thread != PyThread_get_thread_ident()))
 
 
 cdef bint elsewhere(Runtime rt, Node n):

@@ -66,6 +66,7 @@ cdef class Runtime:
         self.report_log = None
         self.batch_depth = 0
         self.batch_bumped = False
+        self.batch_thread = 0
         self.collecting = None
         self.stabilizing = False
         self.closed = False
@@ -202,20 +203,25 @@ cdef class Runtime:
             leave(self)
 
     def _batch_enter(self):
-        # A batch opened with no other thread's pass running claims the runtime for its
-        # thread until it closes (as a top-level demand does): another thread's pass or demand
-        # meanwhile is refused ('computing in another thread') rather than seeing half the
-        # batch, and another thread's sets are deferred to the revision after the batch's.
+        # A batch opened with no other thread's pass running holds the runtime for its thread
+        # until it closes (batch_thread): another thread's pass or demand meanwhile is refused
+        # ('computing in another thread', other_busy) rather than seeing half the batch, and
+        # another thread's sets are deferred to the revision after the batch's. (Not a claim
+        # like enter(): this thread may close the runtime, or stabilize, inside its batch.)
         if self.frames:
             raise ReentrancyError(self._reentrancy("start a batch"))
-        enter(self)
+        if self.batch_depth == 0:
+            self.batch_thread = PyThread_get_thread_ident()
         self.batch_depth += 1
 
     def _batch_exit(self):
         self.batch_depth -= 1
         if self.batch_depth == 0:
             self.batch_bumped = False
-        leave(self)     # (other threads' sets made meanwhile: the next revision)
+            self.batch_thread = 0
+            if self.pending_sets and not self.busy_depth and not self.closed:
+                enter(self)     # other threads' sets made meanwhile: the next revision
+                leave(self)
 
     def observe(self, cell, *args, **kwargs):
         """Observe one instance: ``stabilize()`` keeps it up to date and calls its callbacks.
