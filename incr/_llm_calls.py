@@ -8,7 +8,8 @@ Invariants it keeps:
 - every call gets its own copy of the node's arguments (args, kwargs): what one call does to
   them, no other call sees;
 - no model call starts while the runtime is halted (_halt_point before each, and start() in
-  whichever thread or task makes it); what was generated ahead for a halted loop is dropped;
+  whichever thread or task makes it); what was generated ahead for a halted loop is dropped,
+  unless that call returned before the halt (a call made, kept as a serial pass keeps it);
 - a model call counts once: claimed from the runtime-wide budget when it starts, announced
   (GenerationFinished) and its spend added once, where it ended (_Ticket.finished); a call
   refused, or interrupted before the model was called, is no attempt;
