@@ -8,7 +8,8 @@ Invariants it keeps:
 - every call gets its own copy of the node's arguments (args, kwargs): what one call does to
   them, no other call sees;
 - no model call starts while the runtime is halted (_halt_point before each, and start() in
-  whichever thread or task makes it); what was generated ahead for a halted loop is dropped;
+  whichever thread or task makes it); what was generated ahead for a halted loop is dropped,
+  unless that call returned before the halt (a call made, kept as a serial pass keeps it);
 - a model call counts once: claimed from the runtime-wide budget when it starts, announced
   (GenerationFinished) and its spend added once, where it ended (_Ticket.finished); a call
   refused, or interrupted before the model was called, is no attempt;
@@ -107,7 +108,7 @@ class _Calls:
         previous = self._previous()
         delay = node.backoff
         while True:
-            self._halt_point()                          # rt.halt: no model call from here
+            self._halt_point(previous, feedback)        # rt.halt: no model call from here
             self.began, self.ran_for = False, None      # (set by the call: _call_gen)
             self.replayed, self.ticket = False, None
             call = self._call_gen(previous, feedback)   # may set the call aside (_Deferred)
@@ -234,16 +235,21 @@ class _Calls:
         from incr.patches import apply_patch
         return apply_patch(previous, patch)
 
-    def _halt_point(self) -> None:
+    def _halt_point(self, previous: Any = _NOTHING, feedback: tuple = ()) -> None:
         """Right before a generator call: if the runtime is halted (rt.halt), stop the loop
         with NotAccepted("halted") and record nothing more. The node keeps its state (no
         failure is remembered: after rt.resume() the same demand generates), and what a
         worker thread generated ahead for it is dropped, so a halted loop never takes a new
-        candidate."""
+        candidate -- unless that call (``previous``, ``feedback``) had RETURNED before the
+        halt: it is not a next call but one made already, and is taken as a serial pass would
+        have (a call that returned after the halt is not kept: ahead() in _call_gen)."""
         reason = self.rt.halt_reason
         if reason is None:
             return
         st = self.st
+        if previous is not _NOTHING and st.prefetched and self._key(previous, feedback) \
+                in st.prefetched:
+            return
         st.prefetched.clear()
         self.cut_short = True
         self.book.halted.add(self.inst)     # made stale, with its readers, after rt.resume()
@@ -251,13 +257,17 @@ class _Calls:
         raise NotAccepted(st.label, "halted", _report(self.node, st, "halted", None, reason),
                           _best(st), st.spent_attempts)
 
+    def _key(self, previous: Any, feedback: tuple) -> tuple:
+        """The key of the generator call on ``previous`` with ``feedback`` (st.prefetched)."""
+        return (_fingerprint(previous) if self.st.has_candidate else None,
+                tuple(_cex_key(v) for v in feedback))
+
     def _call_gen(self, previous: Any, feedback: tuple) -> Callable[[], Any]:
         """The generator call to make: a result that ran ahead in a worker thread (its reads
         replayed here, so they are recorded as this run's dependencies), or a direct call.
         Inside a stabilize that gathers calls, a call not yet made is set aside instead."""
         st, node, rt = self.st, self.node, self.rt
-        key = (_fingerprint(previous) if st.has_candidate else None,
-               tuple(_cex_key(v) for v in feedback))
+        key = self._key(previous, feedback)
         outcome = self._ahead(key)
         if outcome is not _NOTHING:
             st.prefetched.clear()
@@ -355,7 +365,12 @@ class _Calls:
                     # halted since this call was set aside: it is not made; the next
                     # (serial) pass meets the halt before the call and stops the loop
                     raise _Deferred(st.label)
-                return call()
+                out = call()
+                if rt.halt_reason is not None:
+                    # halted while the call was in flight: its outcome is not kept (the
+                    # halt drops what returns after it); the serial pass meets the halt
+                    raise _Deferred(st.label)
+                return out
             pf.add(st, key, ahead, self._deadline())
             st.pending = "generate"
             raise _Deferred(st.label)

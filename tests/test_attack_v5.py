@@ -587,19 +587,13 @@ def test_cancelling_astabilize_while_its_round_is_detached_drops_only_the_call_i
     rt._check()
 
 
-_TWO_IN_FLIGHT = (
-    "incr/_aio.py _finished / incr/_core_schedule.pxi ahead_detach (RoundCall claim): when the "
-    "task awaiting a detached run-ahead round is cancelled, or its loop ends, the round's claim "
-    "on an instance is dropped while the sync generator call still runs in its worker thread; "
-    "the next pass (astabilize or stabilize) then calls the same generator again at the same "
-    "revision, so two model calls of one instance are in flight at once (single flight, rule "
-    "2). Fix: keep the claim (rt.inflight entry) until the worker's call returns, and let the "
-    "next pass wait for it (or take its outcome) as another task's demand does")
-
-
-@pytest.mark.xfail(strict=True, reason=_TWO_IN_FLIGHT)
 @pytest.mark.parametrize("how", ["cancel", "loop_ends", "ctrl_c"])
 def test_after_a_detached_round_is_abandoned_its_call_in_flight_is_not_made_twice_at_once(how):
+    """Single flight (rule 2): when the task awaiting a detached run-ahead round is cancelled,
+    or its loop ends, or Ctrl-C, the round's claim on an instance is held until the sync
+    generator call running in its worker thread returns (RoundCall.do waits for it:
+    incr/remote.py _threads_done), so the next pass does not call the same generator again
+    while that call is in flight."""
     calls, lock = [], threading.Lock()
     gate = _Gate(timeout=1.0)          # the first call returns by itself after 1 s
     rt, x, g, reader, obs = _llm_program(4, calls, lock, gate)
@@ -652,21 +646,13 @@ def test_a_loop_ending_while_a_round_is_detached_drops_the_call_and_the_next_sta
     rt._check()
 
 
-_HALT_DROPS = (
-    "incr/llmnodes.py halt / the run-ahead round (incr/remote.py Ahead, incr/_core_schedule.pxi "
-    "ahead_round): rt.halt() during a round makes the pass raise NotAccepted('g(0) ... halted "
-    "after 0 attempts') and throws away the outcomes of the round's generator calls that had "
-    "already RETURNED before the halt (g(1), g(2)) and of the one in flight; after "
-    "rt.resume() all three model calls are made again (sync stabilize and the detached round "
-    "alike). docs/api.md 'Halting' says a halt stops loops before their NEXT call and records "
-    "nothing partial; a completed call is not partial. Fix: record a round call's outcome "
-    "that returned before the halt (as a serial pass would have), and make the report count "
-    "the attempt in flight")
-
-
-@pytest.mark.xfail(strict=True, reason=_HALT_DROPS)
 @pytest.mark.parametrize("drive", ["stabilize", "astabilize"])
 def test_halt_during_a_round_keeps_the_calls_that_had_returned(drive):
+    """docs/api.md 'Halting': a halt stops loops before their NEXT call and records nothing
+    partial. The round's calls that had RETURNED before rt.halt() (g(1), g(2)) are a serial
+    pass's completed calls: their outcomes are kept (incr/_llm_calls.py _halt_point), not made
+    again after rt.resume(); the one in flight at the halt (g(0)) is dropped (ahead() in
+    _call_gen) and the pass raises NotAccepted("halted")."""
     calls, lock = [], threading.Lock()
     gate = _Gate()
     rt, x, g, reader, obs = _llm_program(4, calls, lock, gate)
