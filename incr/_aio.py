@@ -81,7 +81,7 @@ def _own_loop():
     return loop
 
 
-def drive(coro) -> Any:
+def drive(coro, context=None) -> Any:
     """Run ``coro`` to completion on this thread's own event loop (sync code, no loop running).
 
     Ctrl-C, as ``asyncio.Runner`` takes it: on the main thread, while Python's default SIGINT
@@ -95,7 +95,7 @@ def drive(coro) -> Any:
     once. Whatever ends the run early, every task it left is cancelled and waited for, but
     only while something can still wake one of them (``_settle``)."""
     loop = _own_loop()
-    task = loop.create_task(coro)
+    task = loop.create_task(coro, context=context)
     sigint = _Sigint.install(loop, task)
     try:
         try:
@@ -527,7 +527,8 @@ def went_on(rt, n, coro, y, frames, f, had, invalid, start, body=None) -> bool:
     if suspend is not None:
         raise suspend
     try:
-        drive(work.go(rt))
+        # (in the body's own Context, that of its first step: run_async)
+        drive(work.go(rt), None if body is None else body.ctx)
     except BaseException:
         work.drop(rt)                   # (nothing if its run was recorded or failed)
         _strand_check(rt)
@@ -858,7 +859,11 @@ async def do_works(rt, works: list, chain: list) -> None:
                 task = None
                 rt.inflight[w.key] = fut
                 try:
-                    ctx = contextvars.copy_context()
+                    ctx = None
+                    if isinstance(w, Resume) and w.body is not None:
+                        ctx = w.body.ctx    # a body goes on in its own Context (run_async)
+                    if ctx is None:
+                        ctx = contextvars.copy_context()
                     ctx.run(_core._active_var().set, rt)    # the task computes on rt
                     task = loop.create_task(_perform(rt, w, fut), context=ctx)
                     task.add_done_callback(functools.partial(_finished, rt, w, fut))

@@ -288,6 +288,8 @@ cdef class BodyTask:
                                      # _DONE: it finished in its first step; None: neither yet
     cdef list kept                   # before that, if asked: [cancel requests, last message,
                                      # [(done callback, context)]]
+    cdef public object ctx           # the body's contextvars.Context (a copy of its first
+                                     # step's caller's): the task that goes on with it runs in it
     cdef object __weakref__
     cdef list keep(self)
 

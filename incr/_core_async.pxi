@@ -39,6 +39,11 @@ from cpython.contextvars cimport PyContextVar_Set, PyContextVar_Reset
 from asyncio import _set_running_loop, Task as _Task
 
 cdef extern from "Python.h":
+    object PyContext_CopyCurrent()
+    int PyContext_Enter(object ctx) except -1
+    int PyContext_Exit(object ctx) except -1
+
+cdef extern from "Python.h":
     ctypedef struct PyThreadState:
         pass
     PyThreadState *PyThreadState_Get()
@@ -269,7 +274,7 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
     cdef object loop = running, prev = None
     cdef BodyTask body = None
     cdef bint swapped = False
-    cdef object coro, token = None, y = None, suspended = None, saved = None
+    cdef object coro, token = None, y = None, suspended = None, saved = None, ctx
     cdef _StepTasks tasks = None
     cdef PyObject *res = NULL
     cdef int sent = -1
@@ -292,6 +297,10 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         tasks = _own_tasks           # nested in a first step of sync code: the same loop
     f = run_begin(rt, n)
     frames = list(rt.frames)         # the caller's stack, then n's frame: n's own stack if it
+    # the body's own Context from its first step on (a copy of the caller's, as
+    # asyncio.create_task makes): a ContextVar it sets stays its own, never the caller's
+    ctx = PyContext_CopyCurrent()
+    PyContext_Enter(ctx)
     if tasks is not None:            # goes on as a task, and where the tasks it spawns in
         saved = tasks.frames         # this step record their reads: on incr's own loop the
         tasks.frames = frames        # loop's task factory gives it to them (no contextvar
@@ -310,6 +319,7 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
             _spare_body = None
         body.loop = loop
         body.coro = coro
+        body.ctx = ctx
         prev = task_swap(loop, body)   # (C from here to the try's end: no Ctrl-C lands
         swapped = True                 # between the swap and the flag the finally reads)
         sent = PyIter_Send(coro, None, &res)
@@ -331,6 +341,7 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
             tasks.frames = saved
         else:
             PyContextVar_Reset(_task_frames, token)
+        PyContext_Exit(ctx)          # the caller's Context is current again
         if running is None:
             _set_running_loop(None)
     if suspended is not None:
@@ -341,6 +352,7 @@ cdef bint run_async(Runtime rt, Instance n) except -1:
         elif incr_refcnt(body) == 1 and not incr_has_weakrefs(body):
             body.coro = None         # (the common case: nobody saw it, nothing to hand on:
             body.loop = None         # kept for the next first step, as new)
+            body.ctx = None
             _spare_body = body
         else:
             body.task = _DONE

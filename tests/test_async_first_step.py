@@ -250,7 +250,7 @@ def _ctrl_c_in(fn_name, text):
                "work = Resume(", "stack.pop()")
 ] + [("astabilize", "rt.inflight[n] = None"),        # async code: handed to a restart point
      ("astabilize", "rt.unwinding.append(work)"),
-     ("demand", "drive(work.go(rt))")])             # sync code, no loop: went_on drives it
+     ("demand", "drive(work.go(rt),")])             # sync code, no loop: went_on drives it
 def test_ctrl_c_where_a_first_step_is_handed_on_leaves_the_runtime_usable(drive, line):
     import sys
     fn_name = "went_on"

@@ -237,7 +237,7 @@ _LEAK = ("incr/_aio.py BodyTask / incr/_core_async.pxi: an async body's first st
 
 @pytest.mark.parametrize("drive", ["sync", "aget", "astabilize"])
 @pytest.mark.parametrize("where", [
-    pytest.param("first", marks=pytest.mark.xfail(strict=True, reason=_LEAK)),
+    "first",
     "later"])
 def test_a_contextvar_set_in_a_body_is_seen_at_its_later_steps_and_not_by_the_demander(
         where, drive):
