@@ -537,7 +537,12 @@ def test_an_input_set_by_another_task_during_a_detached_round_makes_each_call_on
     serial, scalls = _serial_values([None, 2])
     assert values == serial[-1] == [201, 202, 203]
     assert again == []
-    assert sorted(calls) == sorted(scalls) == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]
+    # (whether g(1) and g(2) start before x changes depends on the worker threads' timing:
+    # each generator runs at most once per revision, and once at the newest; the serial run
+    # makes each at both)
+    assert sorted(scalls) == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)]
+    assert len(calls) == len(set(calls)) and set(calls) <= set(scalls), calls
+    assert {(0, 1), (0, 2), (1, 2), (2, 2)} <= set(calls), calls
     rt._check()
 
 
@@ -642,7 +647,11 @@ def test_a_loop_ending_while_a_round_is_detached_drops_the_call_and_the_next_sta
         threading.Event().wait(0.001)
     rt.stabilize()
     assert [o.value for o in obs] == [101, 102, 103]
-    assert sorted(calls) == [(0, 1), (0, 1), (1, 1), (2, 1)], calls
+    # g(0)'s abandoned call and its new one, never two at once; g(1) and g(2) once, or twice
+    # when the loop ended after their calls had returned (dropped with the loop's work)
+    assert calls.count((0, 1)) == 2 and gate.most == 1, calls
+    assert all(1 <= calls.count((k, 1)) <= 2 for k in (1, 2)), calls
+    assert set(calls) == {(0, 1), (1, 1), (2, 1)}, calls
     rt._check()
 
 
