@@ -227,14 +227,6 @@ def test_two_tasks_demanding_one_body_share_one_run_and_one_task():
     rt._check()
 
 
-_LEAK = ("incr/_aio.py BodyTask / incr/_core_async.pxi: an async body's first step is run in "
-         "place on the demander's stack in the demander's contextvars.Context (not a copy, as "
-         "asyncio.create_task makes), so a ContextVar set before the body's first await stays "
-         "set in the demanding task (and in every cell it demands next); one set after the "
-         "first await does not leak. Fix: run the first step in contextvars.copy_context() and "
-         "give that Context to the BodyTask that goes on with the body")
-
-
 @pytest.mark.parametrize("drive", ["sync", "aget", "astabilize"])
 @pytest.mark.parametrize("where", [
     "first",
